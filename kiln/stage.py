@@ -1,0 +1,216 @@
+"""The data-stage contract: Parquet shards in, kept + rejected Parquet shards out, nothing lost.
+
+A stage is a pure function over one Arrow table. `run_stage` is the thin door around it that every
+caller uses (CLI, Dagster, DVC, Slurm array tasks): it reads the input shards, calls the function per
+shard (or once over all rows for global stages such as dedup), checks that every input row came out
+exactly once, and writes
+
+    OUT/kept/part-00000.parquet ...      rows that go on
+    OUT/rejected/part-00000.parquet ...  id, uri, stage, reason, value, detail
+    OUT/summary.json                     counts in / kept / rejected / per reason
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kiln.config import KilnConfig
+from kiln.progress import log, progress
+from kiln.schemas import REJECTED, check_schema
+
+# Stage name -> module that defines `STAGE`. Imported lazily so `kiln --help` stays fast.
+STAGE_MODULES = {
+    "ingest": "assets.ingest",
+    "filter": "assets.filters",
+    "dedup": "assets.dedup",
+    "caption": "assets.caption",
+    "pack": "assets.pack",
+}
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    kept: pa.Table
+    rejected: pa.Table
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    fn: Callable[[pa.Table, KilnConfig], StageOutput]
+    input_schema: pa.Schema
+    output_schema: pa.Schema
+    scope: Literal["shard", "global"] = "shard"  # global: one call over all rows (dedup, pack)
+    id_column: str = "id"
+
+
+class Rejects:
+    """Collects reject rows for one stage; `table()` gives them in the REJECTED schema."""
+
+    def __init__(self, stage: str):
+        self.stage = stage
+        self.rows: dict[str, list] = {n: [] for n in REJECTED.names}
+
+    def add(self, id: str, uri: str, reason: str, value: float | None = None, detail: str = "") -> None:
+        for k, v in zip(REJECTED.names, (id, uri, self.stage, reason, value, detail)):
+            self.rows[k].append(v)
+
+    def __len__(self) -> int:
+        return len(self.rows["id"])
+
+    def table(self) -> pa.Table:
+        return pa.table(self.rows, schema=REJECTED)
+
+
+def get_stage(name: str) -> Stage:
+    if name not in STAGE_MODULES:
+        raise KeyError(f"unknown stage {name!r}; stages: {', '.join(STAGE_MODULES)}")
+    return importlib.import_module(STAGE_MODULES[name]).STAGE
+
+
+class AccountingError(AssertionError):
+    """A stage lost, duplicated or invented rows."""
+
+
+def check_accounting(stage: str, inputs: pa.Table, out: StageOutput, id_column: str = "id") -> None:
+    ins = inputs.column(id_column).to_pylist()
+    kept = out.kept.column("id").to_pylist() if out.kept.num_rows else []
+    rej = out.rejected.column("id").to_pylist()
+    if len(set(ins)) != len(ins):
+        raise AccountingError(f"{stage}: input ids are not unique")
+    outs = kept + rej
+    if len(outs) != len(set(outs)):
+        dup = [k for k, n in Counter(outs).items() if n > 1][:5]
+        raise AccountingError(f"{stage}: rows came out more than once: {dup}")
+    if set(outs) != set(ins):
+        lost = sorted(set(ins) - set(outs))[:5]
+        new = sorted(set(outs) - set(ins))[:5]
+        raise AccountingError(f"{stage}: lost {lost} / invented {new}")
+
+
+# --------------------------------------------------------------------------------------------- io
+def shard_paths(dataset: Path) -> list[Path]:
+    return sorted(dataset.glob("part-*.parquet"))
+
+
+def read_dataset(dataset: Path) -> pa.Table:
+    """All shards of one dataset folder (e.g. OUT/kept) as one table, in shard order."""
+    paths = shard_paths(dataset)
+    if not paths:
+        raise FileNotFoundError(f"no Parquet shards under {dataset}")
+    return pa.concat_tables(pq.read_table(p) for p in paths)
+
+
+def write_table(table: pa.Table, path: Path) -> None:
+    """Deterministic Parquet: same rows and schema give the same bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, compression="zstd", row_group_size=4096, write_statistics=True)
+
+
+def write_shards(tables: Iterable[pa.Table], folder: Path, schema: pa.Schema) -> int:
+    folder.mkdir(parents=True, exist_ok=True)
+    n = 0
+    for i, t in enumerate(tables):
+        write_table(t.cast(schema), folder / f"part-{i:05d}.parquet")
+        n += 1
+    if n == 0:  # an empty dataset is still a dataset, with its schema
+        write_table(schema.empty_table(), folder / "part-00000.parquet")
+    return n
+
+
+def split_rows(table: pa.Table, shard_size: int) -> list[pa.Table]:
+    return [table.slice(i, shard_size) for i in range(0, max(table.num_rows, 1), shard_size)] if table.num_rows else []
+
+
+@dataclass
+class Summary:
+    stage: str
+    input_rows: int = 0
+    kept: int = 0
+    rejected: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        d = {**self.__dict__, "by_reason": dict(sorted(self.by_reason.items()))}
+        return json.dumps(d, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def read(cls, folder: Path) -> "Summary":
+        return cls(**json.loads((folder / "summary.json").read_text()))
+
+
+def _apply(stage_name: str, shard: pa.Table, cfg: KilnConfig) -> StageOutput:
+    st = get_stage(stage_name)
+    shard = check_schema(shard, st.input_schema, f"{stage_name} input")
+    out = st.fn(shard, cfg)
+    check_accounting(stage_name, shard, out, st.id_column)
+    kept = check_schema(out.kept, st.output_schema, f"{stage_name} output")
+    return StageOutput(kept, check_schema(out.rejected, REJECTED, f"{stage_name} rejects"))
+
+
+def run_on_tables(stage: Stage, shards: list[pa.Table], cfg: KilnConfig, workers: int = 1) -> list[StageOutput]:
+    """Apply a stage to in-memory shards (shard scope) or to all rows at once (global scope)."""
+    if stage.scope == "global":
+        whole = pa.concat_tables(shards) if shards else stage.input_schema.empty_table()
+        return [_apply(stage.name, whole, cfg)]
+    if workers > 1 and len(shards) > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            futs = [pool.submit(_apply, stage.name, s, cfg) for s in shards]
+            return [f.result() for f in progress(futs, desc=stage.name, unit="shard")]
+    return [_apply(stage.name, s, cfg) for s in progress(shards, desc=stage.name, unit="shard")]
+
+
+def input_shards(stage: Stage, input_path: Path, cfg: KilnConfig) -> list[pa.Table]:
+    if stage.name == "ingest":
+        from assets.ingest import list_inputs
+
+        return split_rows(list_inputs(input_path), cfg.data.ingest.shard_size)
+    src = input_path / "kept" if (input_path / "kept").is_dir() else input_path
+    paths = shard_paths(src)
+    if not paths:
+        raise FileNotFoundError(f"{stage.name}: no Parquet shards under {src}")
+    return [pq.read_table(p) for p in paths]
+
+
+def run_stage(name: str, input_path: Path | str, output: Path | str, cfg: KilnConfig) -> Summary:
+    """Run one stage from folder to folder; the output folder is replaced atomically."""
+    stage = get_stage(name)
+    input_path, output = Path(input_path), Path(output)
+    shards = input_shards(stage, input_path, cfg)
+    outs = run_on_tables(stage, shards, cfg, workers=cfg.cluster.workers)
+
+    kept_tables = [o.kept for o in outs]
+    if stage.scope == "global":  # re-shard global outputs so downstream stages keep their parallelism
+        kept_tables = split_rows(outs[0].kept, cfg.data.ingest.shard_size)
+    rejected = pa.concat_tables([o.rejected for o in outs]) if outs else REJECTED.empty_table()
+
+    summary = Summary(
+        stage=name,
+        input_rows=sum(s.num_rows for s in shards),
+        kept=sum(o.kept.num_rows for o in outs),
+        rejected=rejected.num_rows,
+        by_reason=dict(Counter(rejected.column("reason").to_pylist())),
+    )
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    write_shards(kept_tables, tmp / "kept", stage.output_schema)
+    write_shards(split_rows(rejected, cfg.data.ingest.shard_size), tmp / "rejected", REJECTED)
+    (tmp / "summary.json").write_text(summary.to_json())
+    if output.exists():
+        shutil.rmtree(output)
+    os.replace(tmp, output)
+    log.info("%s: %d in, %d kept, %d rejected %s", name, summary.input_rows, summary.kept, summary.rejected, summary.by_reason)
+    return summary
