@@ -1,0 +1,30 @@
+"""Reject reason codes, one vocabulary for every stage, so summaries and ground truth line up."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    # ingest: the file itself
+    EMPTY_FILE = "empty_file"
+    NOT_AN_IMAGE = "not_an_image"
+    UNREADABLE = "unreadable"  # OS error, missing file, bad tar member
+    # filter: decode and measurements
+    DECODE_ERROR = "decode_error"  # truncated / corrupt payload
+    UNSUPPORTED_FORMAT = "unsupported_format"
+    TOO_MANY_PIXELS = "too_many_pixels"  # decompression-bomb guard
+    TOO_SMALL = "too_small"
+    BAD_ASPECT = "bad_aspect"
+    LOW_LAPLACIAN = "low_laplacian"  # flat or blurred
+    HIGH_LAPLACIAN = "high_laplacian"  # extreme texture / noise
+    LOW_ENTROPY = "low_entropy"
+    TOO_WHITE = "too_white"
+    TOO_BLACK = "too_black"
+    BORDER = "border"  # flat bands at the edges
+    # dedup
+    EXACT_DUPLICATE = "exact_duplicate"  # detail = keeper id
+    NEAR_DUPLICATE = "near_duplicate"  # detail = keeper id, value = pHash distance
+    # caption / pack
+    NO_CAPTION = "no_caption"
+    PACK_ERROR = "pack_error"
