@@ -115,9 +115,39 @@ class TrainConfig(Strict):
 
 # -------------------------------------------------------------------------------------------- cluster
 class ClusterConfig(Strict):
+    """Where jobs run. `local`: this machine (submitit's subprocess executor for launched jobs);
+    `debug`: in this process (submitit's debug executor); `slurm`: sbatch through submitit."""
+
     name: str = "local"
-    kind: Literal["local", "slurm"] = "local"
+    kind: Literal["local", "debug", "slurm"] = "local"
     workers: int = Field(2, ge=1, description="local process pool size for data stages")
+    # training jobs: one task per GPU (or `tasks_per_node` tasks per node on CPU-only profiles)
+    partition: str | None = Field(None, description="Slurm partition of training jobs; None = the cluster default")
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(0, ge=0, description="also the number of tasks per node when > 0")
+    tasks_per_node: int = Field(1, ge=1, description="tasks per node when gpus_per_node is 0 (CPU / gloo jobs)")
+    cpus_per_task: int = Field(1, ge=1)
+    mem_gb: float | None = Field(None, gt=0, description="memory per node; None = the partition default")
+    timeout_min: int = Field(60, ge=1)
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclusive: bool = Field(False, description="whole nodes only (sbatch --exclusive)")
+    signal_delay_s: int = Field(90, ge=1, description="USR2 this many seconds before the time limit: checkpoint + requeue")
+    max_requeues: int = Field(3, ge=0, description="preemptions / timeouts survived before a job counts as failed")
+    env: dict[str, str] = Field(default_factory=dict, description="exported in every job (NCCL / InfiniBand settings)")
+    setup: list[str] = Field(default_factory=list, description="shell lines run before the tasks (module load ...)")
+    python: str | None = Field(None, description="interpreter on the compute nodes; None = this one")
+    # data-stage job arrays: one array task per shard
+    array_partition: str | None = Field(None, description="partition of data-stage arrays; None = the cluster default")
+    array_cpus_per_task: int = Field(1, ge=1)
+    array_mem_gb: float | None = Field(None, gt=0)
+    array_timeout_min: int = Field(60, ge=1)
+    max_array_parallel: int = Field(64, ge=1, description="array tasks running at once (sbatch --array=...%N)")
+    # bookkeeping
+    log_dir: str = Field("data/slurm", description="submitit folder: pickles, sbatch scripts, logs (job id in the path)")
+    snapshot_code: bool = Field(True, description="copy the code for each job so later edits do not change it")
+    poll_s: float = Field(1.0, gt=0, description="seconds between state checks while waiting on a job")
 
 
 class KilnConfig(Strict):

@@ -1,0 +1,25 @@
+# The two set-up commands of the README, plus conveniences. Each target bootstraps what it needs.
+.PHONY: demo test env system-deps ui repro clean
+
+env:
+	@scripts/bootstrap.sh
+
+# The main job on the embedded defaults: demo corpus -> curation -> captions -> training -> evaluation.
+demo: env
+	.venv/bin/kiln run
+
+# The whole test suite, services included (Slurm and Postgres are started by the tests' fixtures).
+test: env system-deps
+	.venv/bin/pytest
+
+system-deps:
+	@scripts/system-deps.sh
+
+ui: env
+	DAGSTER_HOME=$(CURDIR)/.dagster .venv/bin/dagster dev -m dagster_project.definitions
+
+repro: env
+	PATH=$(CURDIR)/.venv/bin:$$PATH .venv/bin/dvc repro
+
+clean:
+	rm -rf data .dagster

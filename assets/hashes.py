@@ -1,0 +1,92 @@
+"""Perceptual hashes and Hamming distances over packed bits.
+
+- `phash12`: the 12x12 DCT perceptual hash (144 bits, 18 bytes) of a 48x48 grey image: low
+  frequencies of the DCT compared against their median. It ignores colour on purpose.
+- `colorhash64`: 8 histogram cells (dark, unsaturated, 6 soft hue sectors) each written as an
+  8-bit thermometer code of sqrt(share). The Hamming distance between two colour hashes is then the
+  L1 distance between their quantised histograms, so a hue-shifted variant of a picture lands far
+  from the original while a recompressed copy lands next to it.
+- Hashes are compared as rows of uint64 words: XOR then popcount (`np.bitwise_count`).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+PHASH_SIDE = 12
+PHASH_INPUT = PHASH_SIDE * 4  # 48 px: the DCT keeps the lowest 12 of 48 frequencies per axis
+PHASH_BYTES = PHASH_SIDE * PHASH_SIDE // 8  # 18
+COLOR_CELLS = 8
+COLOR_LEVELS = 8
+COLOR_BYTES = COLOR_CELLS * COLOR_LEVELS // 8  # 8
+
+DARK_V = 0.2  # value below which a pixel counts as dark, whatever its hue
+GREY_S = 0.2  # saturation below which a (not dark) pixel counts as unsaturated
+
+
+@lru_cache(maxsize=4)
+def dct_matrix(n_out: int, n_in: int) -> np.ndarray:
+    """Rows of the orthonormal DCT-II basis: `D @ x` gives the first n_out coefficients of x."""
+    k = np.arange(n_out)[:, None]
+    i = np.arange(n_in)[None, :]
+    d = np.cos(np.pi * (2 * i + 1) * k / (2 * n_in)) * np.sqrt(2.0 / n_in)
+    d[0] /= np.sqrt(2.0)
+    return d.astype(np.float32)
+
+
+def phash12(grey48: np.ndarray) -> bytes:
+    """144-bit pHash of a 48x48 grey image (any numeric dtype)."""
+    if grey48.shape != (PHASH_INPUT, PHASH_INPUT):
+        raise ValueError(f"phash12 needs a {PHASH_INPUT}x{PHASH_INPUT} grey image, got {grey48.shape}")
+    d = dct_matrix(PHASH_SIDE, PHASH_INPUT)
+    low = d @ grey48.astype(np.float32) @ d.T
+    bits = low.ravel() > np.median(low)
+    return np.packbits(bits).tobytes()
+
+
+def colorhash64(hsv: np.ndarray) -> bytes:
+    """64-bit colour hash of an HSV uint8 image (H, W, 3), as PIL's `convert("HSV")` gives it."""
+    h = hsv[..., 0].ravel().astype(np.float32) * (6.0 / 256.0)  # hue in sectors, [0, 6)
+    s = hsv[..., 1].ravel().astype(np.float32) / 255.0
+    v = hsv[..., 2].ravel().astype(np.float32) / 255.0
+    n = max(h.size, 1)
+    dark = v < DARK_V
+    grey = ~dark & (s < GREY_S)
+    colourful = ~dark & ~grey
+    # soft assignment between the two nearest sector centres, so a hue near a boundary does not flip bins
+    pos = h[colourful] - 0.5
+    lo = np.floor(pos)
+    frac = pos - lo
+    lo_bin = lo.astype(np.int64) % 6
+    hue = np.bincount(lo_bin, weights=1.0 - frac, minlength=6) + np.bincount((lo_bin + 1) % 6, weights=frac, minlength=6)
+    shares = np.concatenate([[dark.sum(), grey.sum()], hue]) / n
+    levels = np.clip(np.rint(np.sqrt(shares) * COLOR_LEVELS), 0, COLOR_LEVELS).astype(np.int64)
+    thermometer = np.arange(COLOR_LEVELS)[None, :] < levels[:, None]
+    return np.packbits(thermometer.ravel()).tobytes()
+
+
+# ------------------------------------------------------------------------------------------ hamming
+def to_words(hashes: list[bytes] | np.ndarray, n_bytes: int) -> np.ndarray:
+    """Fixed-size hashes -> (n, ceil(n_bytes / 8)) uint64, zero-padded; the layout every distance uses."""
+    if isinstance(hashes, np.ndarray) and hashes.dtype == np.uint8:
+        raw = hashes.reshape(-1, n_bytes)
+    else:
+        raw = np.frombuffer(b"".join(hashes), dtype=np.uint8).reshape(-1, n_bytes)
+    n_words = -(-n_bytes // 8)
+    padded = np.zeros((raw.shape[0], n_words * 8), dtype=np.uint8)
+    padded[:, :n_bytes] = raw
+    return padded.view(">u8").astype(np.uint64)
+
+
+def hamming_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise Hamming distances between two (n, words) uint64 arrays (or one row broadcast)."""
+    return np.bitwise_count(np.bitwise_xor(a, b)).sum(axis=-1, dtype=np.int64)
+
+
+def hamming(a: bytes, b: bytes) -> int:
+    """Hamming distance between two equal-length byte strings."""
+    if len(a) != len(b):
+        raise ValueError(f"hashes of different lengths: {len(a)} and {len(b)}")
+    return int(np.bitwise_count(np.frombuffer(a, np.uint8) ^ np.frombuffer(b, np.uint8)).sum())

@@ -1,0 +1,114 @@
+"""One Dagster asset per artifact, each a thin wrapper around a stage function in assets/ or training/."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import dagster as dg
+import pyarrow.parquet as pq
+
+from dagster_project.metadata import dedup_groups_grid, stage_metadata, thumbnails
+from dagster_project.resources import KilnResource
+from kiln.stage import run_stage
+from kiln.viz import markdown_image
+
+# (asset key, stage name, upstream asset key, upstream folder (None = the asset's own folder), group)
+DATA_STAGES = [
+    ("manifest", "ingest", "raw_images", "raw/images", "curation"),
+    ("filtered", "filter", "manifest", None, "curation"),
+    ("deduped", "dedup", "filtered", None, "curation"),
+    ("captioned", "caption", "deduped", None, "captions"),
+    ("train_set", "pack", "captioned", None, "training"),
+]
+
+
+@dg.asset(group_name="curation", kinds={"python", "image"}, description="The raw image pool: the procedural demo corpus with its ground-truth sidecar.")
+def raw_images(kiln: KilnResource) -> dg.MaterializeResult:
+    from assets.demo_corpus import write_demo_corpus
+
+    demo = kiln.config().data.demo
+    out = kiln.path("raw")
+    truth = write_demo_corpus(out, n=demo.n, seed=demo.seed, size=demo.size)
+    cats = truth.group_by("category").aggregate([("file", "count")]).sort_by([("file_count", "descending")])
+    md = {
+        "files": truth.num_rows,
+        "categories": dg.MetadataValue.table(
+            records=[dg.TableRecord({"category": c, "files": n}) for c, n in zip(cats.column("category").to_pylist(), cats.column("file_count").to_pylist())],
+            schema=dg.TableSchema(columns=[dg.TableColumn("category", "string"), dg.TableColumn("files", "int")]),
+        ),
+        "path": dg.MetadataValue.path(str(out)),
+    }
+    grid = thumbnails([str(out / "images" / f) for f in truth.column("file").to_pylist()[:24]])
+    if grid:
+        md["sample"] = dg.MetadataValue.md(grid)
+    return dg.MaterializeResult(metadata=md)
+
+
+def _stage_asset(key: str, stage: str, upstream: str, upstream_dir: str | None, group: str) -> dg.AssetsDefinition:
+    extra: Callable[[Path], str | None] | None = dedup_groups_grid if stage == "dedup" else None
+
+    @dg.asset(name=key, deps=[upstream], group_name=group, kinds={"python", "parquet"}, description=f"`kiln stage {stage}` over {upstream}: kept rows + rejected rows with reasons.")
+    def _asset(kiln: KilnResource) -> dg.MaterializeResult:
+        cfg = kiln.config()
+        out = kiln.path(key)
+        summary = run_stage(stage, kiln.path(upstream_dir or upstream), out, cfg)
+        md = stage_metadata(summary, out)
+        if extra and (grid := extra(out)):
+            md["duplicate_groups"] = dg.MetadataValue.md(grid)
+        return dg.MaterializeResult(metadata=md)
+
+    return _asset
+
+
+stage_assets = [_stage_asset(*s) for s in DATA_STAGES]
+
+
+@dg.asset(deps=["train_set"], group_name="training", kinds={"pytorch", "safetensors"}, description="The pretrained DiT: safetensors weights + config, with its loss curve.")
+def checkpoint(context, kiln: KilnResource) -> dg.MaterializeResult:
+    from training.trainer import train
+
+    cfg = kiln.config()
+    out = kiln.path("checkpoint")
+    train(kiln.path("train_set"), out, cfg)
+    state = json.loads((out / "train_state.json").read_text())
+    md = {"path": dg.MetadataValue.path(str(out)), **_scalars(state)}
+    loss_png = out / "loss.png"
+    if loss_png.exists():
+        md["loss_curve"] = dg.MetadataValue.md(markdown_image(loss_png.read_bytes(), "loss"))
+    return dg.MaterializeResult(metadata=md)
+
+
+@dg.asset(deps=["checkpoint"], group_name="evaluation", kinds={"pytorch", "image"}, description="A grid of samples per demo prompt from the checkpoint.")
+def samples(kiln: KilnResource) -> dg.MaterializeResult:
+    from training.sampling import sample_to_dir
+
+    grid = sample_to_dir(kiln.path("checkpoint"), kiln.path("samples"), kiln.config())
+    n = pq.read_metadata(kiln.path("samples") / "samples.parquet").num_rows if (kiln.path("samples") / "samples.parquet").exists() else 0
+    return dg.MaterializeResult(metadata={"grid": dg.MetadataValue.md(markdown_image(Path(grid).read_bytes(), "samples")), "images": n, "path": dg.MetadataValue.path(str(grid))})
+
+
+@dg.asset(deps=["checkpoint", "train_set"], group_name="evaluation", kinds={"pytorch"}, description="First evaluation: held-out flow loss, prompt following vs an untrained model, throughput.")
+def evaluation(kiln: KilnResource) -> dg.MaterializeResult:
+    from training.evaluate import evaluate
+
+    metrics = evaluate(kiln.path("checkpoint"), kiln.path("train_set"), kiln.path("eval"), kiln.config())
+    return dg.MaterializeResult(metadata={**_scalars(metrics), "path": dg.MetadataValue.path(str(kiln.path("eval")))})
+
+
+def _scalars(d: dict, prefix: str = "") -> dict:
+    """Flatten nested numbers into Dagster metadata (plottable across materializations)."""
+    out: dict = {}
+    for k, v in d.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, bool) or not isinstance(v, (int, float, dict)):
+            continue
+        if isinstance(v, dict):
+            out.update(_scalars(v, f"{name}."))
+        else:
+            out[name] = v
+    return out
+
+
+all_assets = [raw_images, *stage_assets, checkpoint, samples, evaluation]

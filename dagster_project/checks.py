@@ -1,0 +1,63 @@
+"""Asset checks: nothing lost between stages, and the great-expectations suite on each dataset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pyarrow.parquet as pq
+
+from assets.expectations import SuiteResult, validate_dataset
+from dagster_project.assets import DATA_STAGES
+from dagster_project.resources import KilnResource
+from kiln.stage import Summary, shard_paths
+
+SUITES = {"manifest": "manifest", "filtered": "filtered", "deduped": "deduped", "captioned": "captioned", "train_set": "train_set"}
+
+
+def count_rows(dataset: Path) -> int:
+    return sum(pq.read_metadata(p).num_rows for p in shard_paths(dataset))
+
+
+def _upstream_rows(kiln: KilnResource, upstream: str) -> int:
+    if upstream == "raw_images":
+        return pq.read_metadata(kiln.path("raw") / "truth.parquet").num_rows
+    return count_rows(kiln.path(upstream) / "kept")
+
+
+def _accounting_check(key: str, upstream: str) -> dg.AssetChecksDefinition:
+    @dg.asset_check(asset=key, name="rows_accounted_for", blocking=True, description=f"every {upstream} row is in {key} kept or rejected, exactly once")
+    def _check(kiln: KilnResource) -> dg.AssetCheckResult:
+        out = kiln.path(key)
+        s = Summary.read(out)
+        kept, rejected, upstream_rows = count_rows(out / "kept"), count_rows(out / "rejected"), _upstream_rows(kiln, upstream)
+        ok = s.input_rows == upstream_rows == kept + rejected and (s.kept, s.rejected) == (kept, rejected)
+        return dg.AssetCheckResult(passed=ok, metadata={"upstream_rows": upstream_rows, "kept": kept, "rejected": rejected})
+
+    return _check
+
+
+def _suite_metadata(res: SuiteResult) -> dict:
+    return {
+        "expectations": len(res.outcomes),
+        "failed": dg.MetadataValue.json([o.__dict__ for o in res.failed]),
+    }
+
+
+def _expectations_check(key: str, suite: str) -> dg.AssetChecksDefinition:
+    @dg.asset_check(asset=key, name="great_expectations", description=f"the great-expectations suite '{suite}' on the kept rows, and 'rejected' on the rejects")
+    def _check(kiln: KilnResource) -> dg.AssetCheckResult:
+        cfg = kiln.config()
+        kept = validate_dataset(kiln.path(key), suite, cfg)
+        rej = validate_dataset(kiln.path(key) / "rejected", "rejected", cfg)
+        return dg.AssetCheckResult(
+            passed=kept.success and rej.success,
+            metadata={**_suite_metadata(kept), "rejected_failed": dg.MetadataValue.json([o.__dict__ for o in rej.failed])},
+        )
+
+    return _check
+
+
+all_checks = [_accounting_check(key, upstream) for key, _, upstream, _, _ in DATA_STAGES] + [
+    _expectations_check(key, SUITES[key]) for key, *_ in DATA_STAGES
+]

@@ -1,0 +1,79 @@
+"""Turning stage outputs into Dagster metadata a person wants: counts, rejects by reason, image grids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pyarrow.compute as pc
+
+from kiln.stage import Summary, read_dataset
+from kiln.uri import read_bytes
+from kiln.viz import image_grid, markdown_image
+
+
+def rejects_table(summary: Summary) -> dg.TableMetadataValue:
+    return dg.MetadataValue.table(
+        records=[dg.TableRecord({"reason": r, "rows": n}) for r, n in sorted(summary.by_reason.items(), key=lambda kv: -kv[1])],
+        schema=dg.TableSchema(columns=[dg.TableColumn("reason", "string"), dg.TableColumn("rows", "int")]),
+    )
+
+
+def thumbnails(uris: list[str], labels: list[str] | None = None, cols: int = 8, cell: int = 72) -> str | None:
+    """A markdown grid of the images behind some uris (unreadable ones are skipped: they are rejects)."""
+    from assets.imageio import open_rgb
+
+    ims, labs = [], []
+    for i, u in enumerate(uris):
+        try:
+            ims.append(open_rgb(read_bytes(u)))
+            labs.append(labels[i] if labels else "")
+        except Exception:  # noqa: BLE001 - a thumbnail is best effort; the stage already recorded why
+            continue
+    if not ims:
+        return None
+    return markdown_image(image_grid(ims, cols=min(cols, len(ims)), cell=cell, labels=labs if labels else None), "sample")
+
+
+def stage_metadata(summary: Summary, output: Path, n_samples: int = 16) -> dict:
+    md: dict = {
+        "input_rows": summary.input_rows,
+        "kept": summary.kept,
+        "rejected": summary.rejected,
+        "rejects_by_reason": rejects_table(summary),
+        "path": dg.MetadataValue.path(str(output)),
+    }
+    kept = read_dataset(output / "kept")
+    if kept.num_rows and "uri" in kept.column_names:
+        grid = thumbnails(kept.column("uri").to_pylist()[:n_samples])
+        if grid:
+            md["kept_sample"] = dg.MetadataValue.md(grid)
+    rejected = read_dataset(output / "rejected")
+    if rejected.num_rows:
+        per_reason = []
+        for reason in sorted(set(rejected.column("reason").to_pylist())):
+            first = rejected.filter(pc.equal(rejected.column("reason"), reason)).slice(0, 1)
+            per_reason.append((first.column("uri")[0].as_py(), reason))
+        grid = thumbnails([u for u, _ in per_reason], [r for _, r in per_reason])
+        if grid:
+            md["rejected_sample"] = dg.MetadataValue.md(grid)
+    return md
+
+
+def dedup_groups_grid(output: Path, n_groups: int = 6, per_group: int = 4) -> str | None:
+    """One row per near-duplicate group: the keeper first, then what was merged into it."""
+    kept, rejected = read_dataset(output / "kept"), read_dataset(output / "rejected")
+    near = rejected.filter(pc.equal(rejected.column("reason"), "near_duplicate"))
+    if not near.num_rows or not kept.num_rows:
+        return None
+    uri_of = dict(zip(kept.column("id").to_pylist(), kept.column("uri").to_pylist()))
+    groups: dict[str, list[str]] = {}
+    for keeper, uri in zip(near.column("detail").to_pylist(), near.column("uri").to_pylist()):
+        groups.setdefault(keeper, []).append(uri)
+    uris, labels = [], []
+    for keeper in sorted(groups)[:n_groups]:
+        members = [uri_of.get(keeper, "")] + sorted(groups[keeper])[: per_group - 1]
+        members += [""] * (per_group - len(members))
+        uris += members
+        labels += ["keeper"] + ["dup"] * (per_group - 1)
+    return thumbnails(uris, labels, cols=per_group)

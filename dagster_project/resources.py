@@ -1,0 +1,22 @@
+"""The one resource every kiln asset uses: the composed config and where artifacts live."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+
+from kiln.config import KilnConfig, load_config
+
+
+class KilnResource(dg.ConfigurableResource):
+    """Hydra overrides (as on the command line) and the artifact root, settable from the launchpad."""
+
+    overrides: list[str] = []
+    data_dir: str = "data"
+
+    def config(self) -> KilnConfig:
+        return load_config(list(self.overrides))
+
+    def path(self, name: str) -> Path:
+        return Path(self.data_dir) / name

@@ -1,0 +1,72 @@
+"""Grouped-query attention with QK-norm, RoPE and a sigmoid output gate; and the SwiGLU MLP.
+
+The gate (Qiu et al. 2025, "Gated Attention"): the attention output is multiplied elementwise by
+sigmoid(W_g h) of the block input h before the output projection. It adds a cheap non-linearity after the
+value mixing and removes attention sinks. q, k, v and the gate come out of one fused matmul.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model.norms import RMSNorm
+from model.rope import apply_rope
+
+
+class Attention(nn.Module):
+    def __init__(self, width: int, heads: int, kv_heads: int, qk_norm: bool = True, gated: bool = True):
+        super().__init__()
+        if width % heads or heads % kv_heads:
+            raise ValueError(f"width {width} / heads {heads} / kv_heads {kv_heads} do not divide")
+        self.heads, self.kv_heads, self.head_dim, self.gated = heads, kv_heads, width // heads, gated
+        q_dim, kv_dim = heads * self.head_dim, kv_heads * self.head_dim
+        self.split = (q_dim, kv_dim, kv_dim) + ((q_dim,) if gated else ())
+        self.qkvg = nn.Linear(width, sum(self.split), bias=False)
+        self.out = nn.Linear(q_dim, width, bias=False)
+        self.q_norm = RMSNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(self.head_dim) if qk_norm else nn.Identity()
+
+    def forward(self, h: Tensor, rope: tuple[Tensor, Tensor] | None = None, key_mask: Tensor | None = None) -> Tensor:
+        """h [B, S, width]; rope (cos, sin) [S, head_dim/2]; key_mask [B, S] bool, True = attend to this key."""
+        b, s, _ = h.shape
+        parts = self.qkvg(h).split(self.split, dim=-1)
+        q = self.q_norm(parts[0].view(b, s, self.heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(parts[1].view(b, s, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = parts[2].view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        mask = None if key_mask is None else key_mask[:, None, None, :]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
+        o = o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
+        if self.gated:
+            o = o * torch.sigmoid(parts[3])
+        return self.out(o)
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Forward FLOPs for one token: the fused projections plus QK^T and AV over seq_len keys."""
+        width = self.qkvg.in_features
+        proj = 2 * width * sum(self.split) + 2 * self.out.in_features * width
+        return proj + 4 * seq_len * self.heads * self.head_dim
+
+
+def swiglu_hidden(width: int, ratio: float = 4.0, multiple_of: int = 64) -> int:
+    """The 2/3-adjusted SwiGLU width: 2/3 * ratio * width (same FLOPs as a 4x GELU MLP), rounded up."""
+    return int(math.ceil(2 / 3 * ratio * width / multiple_of) * multiple_of)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.gate_up = nn.Linear(width, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, width, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+    def flops_per_token(self) -> int:
+        return 2 * self.gate_up.in_features * self.gate_up.out_features + 2 * self.down.in_features * self.down.out_features

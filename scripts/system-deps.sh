@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# System packages the integration tests need: Slurm + munge, PostgreSQL, tesseract. Installs only what
+# is missing; needs root (CI runs as root). Idempotent.
+set -euo pipefail
+need=()
+command -v slurmctld >/dev/null || need+=(slurm-wlm)
+command -v munged >/dev/null || need+=(munge)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+command -v tesseract >/dev/null || need+=(tesseract-ocr)
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" != 0 ]; then
+  echo "system-deps: missing ${need[*]}; install them (apt-get install ${need[*]}) or run as root" >&2
+  exit 1
+fi
+echo "system-deps: installing ${need[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
