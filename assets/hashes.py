@@ -2,8 +2,9 @@
 
 - `phash12`: the 12x12 DCT perceptual hash (144 bits, 18 bytes) of a 48x48 grey image: low
   frequencies of the DCT compared against their median. It ignores colour on purpose.
-- `colorhash64`: 8 histogram cells (dark, unsaturated, 6 soft hue sectors) each written as an
-  8-bit thermometer code of sqrt(share). The Hamming distance between two colour hashes is then the
+- `colorhash64`: 8 histogram cells (dark, unsaturated, 6 soft hue sectors centred on the primaries and secondaries) each written as an
+  8-bit thermometer code of the cube root of its share (the root spreads small shares, so a small
+  object of another colour still moves the hash). The Hamming distance between two colour hashes is then the
   L1 distance between their quantised histograms, so a hue-shifted variant of a picture lands far
   from the original while a recompressed copy lands next to it.
 - Hashes are compared as rows of uint64 words: XOR then popcount (`np.bitwise_count`).
@@ -24,6 +25,7 @@ COLOR_BYTES = COLOR_CELLS * COLOR_LEVELS // 8  # 8
 
 DARK_V = 0.2  # value below which a pixel counts as dark, whatever its hue
 GREY_S = 0.2  # saturation below which a (not dark) pixel counts as unsaturated
+SOFT = 0.1  # width of the ramp around both thresholds
 
 
 @lru_cache(maxsize=4)
@@ -48,21 +50,23 @@ def phash12(grey48: np.ndarray) -> bytes:
 
 def colorhash64(hsv: np.ndarray) -> bytes:
     """64-bit colour hash of an HSV uint8 image (H, W, 3), as PIL's `convert("HSV")` gives it."""
-    h = hsv[..., 0].ravel().astype(np.float32) * (6.0 / 256.0)  # hue in sectors, [0, 6)
+    h = hsv[..., 0].ravel().astype(np.float32) * (6.0 / 255.0)  # PIL hue 0..255 = 0..360 deg, in sectors
     s = hsv[..., 1].ravel().astype(np.float32) / 255.0
     v = hsv[..., 2].ravel().astype(np.float32) / 255.0
     n = max(h.size, 1)
-    dark = v < DARK_V
-    grey = ~dark & (s < GREY_S)
-    colourful = ~dark & ~grey
-    # soft assignment between the two nearest sector centres, so a hue near a boundary does not flip bins
-    pos = h[colourful] - 0.5
+    # soft memberships (ramps SOFT wide around each threshold), so pixels near a boundary move shares a little
+    dark = np.clip((DARK_V - v) / SOFT + 0.5, 0.0, 1.0)
+    grey = (1.0 - dark) * np.clip((GREY_S - s) / SOFT + 0.5, 0.0, 1.0)
+    colourful = 1.0 - dark - grey
+    # hue: split between the two nearest sector centres, so a hue near a boundary does not flip bins
+    pos = h  # sector centres on red, yellow, green, cyan, blue, magenta
     lo = np.floor(pos)
     frac = pos - lo
     lo_bin = lo.astype(np.int64) % 6
-    hue = np.bincount(lo_bin, weights=1.0 - frac, minlength=6) + np.bincount((lo_bin + 1) % 6, weights=frac, minlength=6)
+    hue = np.bincount(lo_bin, weights=colourful * (1.0 - frac), minlength=6)
+    hue += np.bincount((lo_bin + 1) % 6, weights=colourful * frac, minlength=6)
     shares = np.concatenate([[dark.sum(), grey.sum()], hue]) / n
-    levels = np.clip(np.rint(np.sqrt(shares) * COLOR_LEVELS), 0, COLOR_LEVELS).astype(np.int64)
+    levels = np.clip(np.rint(np.cbrt(shares) * COLOR_LEVELS), 0, COLOR_LEVELS).astype(np.int64)
     thermometer = np.arange(COLOR_LEVELS)[None, :] < levels[:, None]
     return np.packbits(thermometer.ravel()).tobytes()
 

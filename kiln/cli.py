@@ -126,7 +126,14 @@ def main(argv: list[str] | None = None) -> int:
     from kiln.progress import setup_logging
 
     setup_logging()
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Hydra overrides (key=value, +key=value, ~key) may come before or after the options.
+    args, extra = parser.parse_known_args(argv)
+    bad = [a for a in extra if a.startswith("-") or ("=" not in a and not a.startswith("~"))]
+    if bad:
+        parser.error(f"unrecognized arguments: {' '.join(bad)}")
+    if extra:
+        args.overrides = [*getattr(args, "overrides", []), *extra]
     try:
         return args.fn(args)
     except ConfigError as e:

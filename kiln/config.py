@@ -35,19 +35,28 @@ class FilterConfig(Strict):
     min_side: int = Field(32, ge=1, description="reject if min(width, height) is below this")
     max_aspect: float = Field(3.0, ge=1.0, description="reject if max(w,h)/min(w,h) is above this")
     max_pixels: int = Field(64_000_000, description="decompression-bomb guard: reject above this many pixels")
-    decode_size: int = Field(256, ge=32, description="statistics are computed on a decode reduced to about this side")
-    min_laplacian_var: float = Field(5.0, description="below: flat / blurred")
-    max_laplacian_var: float = Field(4000.0, description="above: extreme texture or noise")
-    min_entropy: float = Field(2.0, description="RGB histogram entropy (bits) below which an image is flat")
+    decode_size: int = Field(256, ge=32, description="JPEGs are decoded reduced (DCT scaling) to about this side")
+    stats_size: int = Field(128, ge=16, description="every statistic and hash is computed on a resize to this square")
+    formats: list[str] = Field(
+        default_factory=lambda: ["JPEG", "MPO", "PNG", "GIF", "WEBP", "TIFF", "BMP", "PPM", "TGA", "JPEG2000", "AVIF"],
+        description="PIL format names the filter decodes; any other identified format is UNSUPPORTED_FORMAT",
+    )
+    min_laplacian_var: float = Field(8.0, description="below: flat / blurred (on the stats_size square)")
+    max_laplacian_var: float = Field(12000.0, description="above: extreme texture or noise (on the stats_size square)")
+    min_entropy: float = Field(2.5, description="mean RGB channel-histogram entropy (bits) below which an image is flat")
     max_white_ratio: float = Field(0.95, ge=0, le=1)
     max_black_ratio: float = Field(0.95, ge=0, le=1)
-    max_border_share: float = Field(0.35, ge=0, le=1, description="share of the image taken by flat bands at its edges")
+    max_border_share: float = Field(0.4, ge=0, le=1, description="share of the image taken by flat bands at its edges")
 
 
 class DedupConfig(Strict):
     phash_radius: int = Field(12, ge=0, le=144, description="max Hamming distance between 12x12 pHashes")
-    color_radius: int = Field(8, ge=0, description="max Hamming distance between colour hashes")
-    bands: int = Field(16, ge=1, description="LSH bands over the pHash; pigeonhole makes search exact when bands > radius")
+    color_radius: int = Field(4, ge=0, description="max Hamming distance between colour hashes (L1 of cube-root shares)")
+    bands: int = Field(
+        7, ge=1, le=144,
+        description="pHash bands; each band is probed within phash_radius // bands flips, which the pigeonhole "
+        "principle makes exact (recall 1.0); 7 bands of ~21 bits suit radius 12 (see docs/curation.md)",
+    )
 
 
 class CaptionConfig(Strict):
@@ -84,8 +93,12 @@ class ModelConfig(Strict):
     size: str = Field("tiny", description="a name from model.sizes.SIZES")
     patch_size: int = 2
     in_channels: int = 3
-    autoencoder: Literal["pixel"] = "pixel"
+    autoencoder: Literal["pixel", "kl"] = "pixel"
+    autoencoder_path: str | None = Field(None, description="diffusers AutoencoderKL folder (autoencoder=kl)")
+    latent_cache_dir: str | None = Field(None, description="cache autoencoder latents here")
     modulation: Literal["light", "adaln"] = "light"
+    timestep_tokens: int = Field(0, ge=0, description="timestep tokens prepended to the sequence; 0 = off")
+    pad_to_multiple: int = Field(64, ge=1, description="pad the token sequence to a multiple of this (fixed shapes)")
     text_encoder: TextEncoderConfig = TextEncoderConfig()
 
 
@@ -95,6 +108,15 @@ class SampleConfig(Strict):
     cfg_scale: float = Field(3.0, ge=0)
     seed: int = 0
     n_per_prompt: int = Field(4, ge=1)
+
+
+class EvalConfig(Strict):
+    """The first evaluation: held-out flow loss at fixed (t, noise), and attribute checks on demo prompts."""
+
+    loss_timesteps: list[float] = Field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9], description="fixed t of the held-out loss")
+    seed: int = Field(1234, description="seed of the held-out loss's fixed noise")
+    n_per_prompt: int = Field(2, ge=1, description="images generated per demo prompt for the attribute checks")
+    steps: int = Field(12, ge=1, description="sampler steps for the attribute checks")
 
 
 class TrainConfig(Strict):
@@ -110,16 +132,23 @@ class TrainConfig(Strict):
     seed: int = 0
     device: str = "cpu"
     threads: int | None = Field(None, description="torch intra-op threads; None = all cores")
+    decay_frac: float = Field(0.2, ge=0, le=1, description="share of the steps in the final linear LR decay (WSD)")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="LR at the end of the decay, as a share of lr")
+    timestep_mean: float = Field(0.0, description="logit-normal timestep mean")
+    timestep_std: float = Field(1.0, gt=0, description="logit-normal timestep std")
+    timestep_max_shift: float = Field(3.0, gt=0, description="timestep shift at 4096 image tokens (linear in tokens from the base)")
+    holdout: int = Field(32, ge=0, description="rows (smallest sha1(id)) kept out of training for the held-out loss")
     sample: SampleConfig = SampleConfig()
+    eval: EvalConfig = EvalConfig()
 
 
 # -------------------------------------------------------------------------------------------- cluster
 class ClusterConfig(Strict):
-    """Where jobs run. `local`: this machine (submitit's subprocess executor for launched jobs);
-    `debug`: in this process (submitit's debug executor); `slurm`: sbatch through submitit."""
+    """Where jobs run. `local`: this machine (data stages in-process / a pool, launched jobs as
+    submitit local subprocesses); `slurm`: sbatch through submitit (slurm/, docs/slurm.md)."""
 
     name: str = "local"
-    kind: Literal["local", "debug", "slurm"] = "local"
+    kind: Literal["local", "slurm"] = "local"
     workers: int = Field(2, ge=1, description="local process pool size for data stages")
     # training jobs: one task per GPU (or `tasks_per_node` tasks per node on CPU-only profiles)
     partition: str | None = Field(None, description="Slurm partition of training jobs; None = the cluster default")

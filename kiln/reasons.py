@@ -28,3 +28,5 @@ class Reason(StrEnum):
     # caption / pack
     NO_CAPTION = "no_caption"
     PACK_ERROR = "pack_error"
+    # warehouse probe stages (kiln.warehouse.probes): synthetic, for queue tests and benchmarks
+    PROBE_REJECT = "probe_reject"

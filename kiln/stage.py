@@ -76,9 +76,10 @@ class Rejects:
 
 
 def get_stage(name: str) -> Stage:
-    if name not in STAGE_MODULES:
-        raise KeyError(f"unknown stage {name!r}; stages: {', '.join(STAGE_MODULES)}")
-    return importlib.import_module(STAGE_MODULES[name]).STAGE
+    """A registered stage by name, or any module's `STAGE` by dotted path (e.g. `slurm.selftest`)."""
+    if name not in STAGE_MODULES and "." not in name:
+        raise KeyError(f"unknown stage {name!r}; stages: {', '.join(STAGE_MODULES)} (or a dotted module path)")
+    return importlib.import_module(STAGE_MODULES.get(name, name)).STAGE
 
 
 class AccountingError(AssertionError):
@@ -191,7 +192,15 @@ def run_stage(name: str, input_path: Path | str, output: Path | str, cfg: KilnCo
     input_path, output = Path(input_path), Path(output)
     shards = input_shards(stage, input_path, cfg)
     outs = run_on_tables(stage, shards, cfg, workers=cfg.cluster.workers)
+    return write_stage_output(stage, sum(s.num_rows for s in shards), outs, output, cfg)
 
+
+def write_stage_output(stage: Stage, input_rows: int, outs: list[StageOutput], output: Path, cfg: KilnConfig) -> Summary:
+    """Write OUT/kept, OUT/rejected, OUT/summary.json from per-shard outputs, replacing OUT atomically.
+
+    Shared by `run_stage` and the Slurm array merge (slurm.arrays), so both doors write the same bytes.
+    """
+    name, output = stage.name, Path(output)
     kept_tables = [o.kept for o in outs]
     if stage.scope == "global":  # re-shard global outputs so downstream stages keep their parallelism
         kept_tables = split_rows(outs[0].kept, cfg.data.ingest.shard_size)
@@ -199,7 +208,7 @@ def run_stage(name: str, input_path: Path | str, output: Path | str, cfg: KilnCo
 
     summary = Summary(
         stage=name,
-        input_rows=sum(s.num_rows for s in shards),
+        input_rows=input_rows,
         kept=sum(o.kept.num_rows for o in outs),
         rejected=rejected.num_rows,
         by_reason=dict(Counter(rejected.column("reason").to_pylist())),

@@ -17,6 +17,13 @@ from model.norms import RMSNorm
 from model.rope import apply_rope
 
 
+def attention_bias(key_mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """[B, S] bool -> additive [B, 1, 1, S] (0 or -inf): SDPA's CPU kernels convert a bool mask on every
+    call, so a stack of blocks converts it once. Every query must keep at least one key."""
+    bias = torch.zeros(key_mask.shape, dtype=dtype, device=key_mask.device)
+    return bias.masked_fill(~key_mask, float("-inf"))[:, None, None, :]
+
+
 class Attention(nn.Module):
     def __init__(self, width: int, heads: int, kv_heads: int, qk_norm: bool = True, gated: bool = True):
         super().__init__()
@@ -31,7 +38,8 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim) if qk_norm else nn.Identity()
 
     def forward(self, h: Tensor, rope: tuple[Tensor, Tensor] | None = None, key_mask: Tensor | None = None) -> Tensor:
-        """h [B, S, width]; rope (cos, sin) [S, head_dim/2]; key_mask [B, S] bool, True = attend to this key."""
+        """h [B, S, width]; rope (cos, sin) [S, head_dim/2]; key_mask [B, S] bool (True = attend to this key)
+        or an additive bias [B, 1, 1, S] from `attention_bias`, computed once and shared by all blocks."""
         b, s, _ = h.shape
         parts = self.qkvg(h).split(self.split, dim=-1)
         q = self.q_norm(parts[0].view(b, s, self.heads, self.head_dim)).transpose(1, 2)
@@ -39,7 +47,7 @@ class Attention(nn.Module):
         v = parts[2].view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        mask = None if key_mask is None else key_mask[:, None, None, :]
+        mask = key_mask if key_mask is None or key_mask.dim() == 4 else attention_bias(key_mask, q.dtype)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
         o = o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
         if self.gated:

@@ -70,7 +70,7 @@ def decode_pixels(table: pa.Table) -> np.ndarray:
     h, w = table.column("height").to_pylist(), table.column("width").to_pylist()
     if len(set(h)) != 1 or len(set(w)) != 1:
         raise ValueError(f"rows of one batch have several sizes: {sorted(set(zip(h, w)))}")
-    raw = b"".join(table.column("pixels").to_pylist())
+    raw = bytearray(b"".join(table.column("pixels").to_pylist()))  # writable: torch refuses read-only buffers
     return np.frombuffer(raw, dtype=np.uint8).reshape(table.num_rows, h[0], w[0], 3)
 
 

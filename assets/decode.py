@@ -1,0 +1,166 @@
+"""Decode once, measure everything: the single decode behind the filter stage.
+
+An image is decoded exactly once, reduced as early as the format allows (JPEG's DCT scaling via
+`Image.draft` gives 1/2, 1/4, 1/8 decodes almost for free), converted to 8-bit RGB, resized to a fixed
+`stats_size` square (and a 48-px square for the hashes) and turned upright. Every statistic and both hashes come from that one small
+array, so their cost does not grow with the image and thresholds mean the same at every resolution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from PIL import Image
+
+from assets.hashes import PHASH_INPUT, colorhash64, phash12
+from assets.imageio import open_header, to_rgb, upright
+
+WHITE_LEVEL = 240  # a pixel is white when all three channels reach this
+BLACK_LEVEL = 16  # a pixel is black when no channel reaches this
+BORDER_TOL = 10  # a pixel belongs to an edge band when no channel is further than this from the band colour
+BORDER_ROW_SHARE = 0.98  # share of a row's pixels that must match for the row to be part of a band
+FLAT_BLOCK = 8  # flat-background share is measured on blocks of this side (in stats pixels)
+FLAT_STD = 2.5  # grey standard deviation below which a block is flat
+
+
+class DecodeFailure(Exception):
+    """The payload could not be decoded (truncated, corrupt)."""
+
+
+class UnsupportedFormat(Exception):
+    """PIL identified the file but has no decoder for it here."""
+
+
+@dataclass(frozen=True)
+class Measures:
+    """The StatsRow of one image (kiln/schemas.py)."""
+
+    aspect: float
+    laplacian_var: float
+    entropy: float
+    white_ratio: float
+    black_ratio: float
+    border_share: float
+    flat_share: float
+    phash: bytes
+    colorhash: bytes
+
+    def as_row(self) -> dict:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------------------ decode
+@dataclass(frozen=True)
+class Views:
+    """Two resizes of the one decode, both upright: `stats` for the statistics, `hash` for the hashes.
+
+    Statistics upscale small images with NEAREST (interpolation would smooth noise away and hide it
+    from the Laplacian); the hashes come from an area / bilinear resize to stats_size and then to 48 px,
+    whose extra smoothing keeps them stable across resizes, recompression and slight crops.
+    """
+
+    stats: np.ndarray  # (stats_size, stats_size, 3) uint8
+    hash: np.ndarray  # (PHASH_INPUT, PHASH_INPUT, 3) uint8
+
+
+def _square(im: Image.Image, side: int, upscale: Image.Resampling) -> Image.Image:
+    shrink = im.width >= side and im.height >= side
+    return im.resize((side, side), Image.Resampling.BOX if shrink else upscale)
+
+
+def decode_views(data: bytes, orientation: int, decode_size: int, stats_size: int) -> Views:
+    """The one decode: bytes -> upright small RGB arrays. First frame of animations."""
+    try:
+        im = open_header(data)
+        if im.format in ("JPEG", "MPO"):
+            im.draft(None, (decode_size, decode_size))  # DCT-domain downscale, never below decode_size
+        im.load()
+        rgb = to_rgb(im)
+    except OSError as e:
+        if "decoder" in str(e) and "not available" in str(e):
+            raise UnsupportedFormat(str(e)) from e
+        raise DecodeFailure(f"{type(e).__name__}: {e}") from e
+    except Exception as e:  # PIL signals corrupt data with SyntaxError, ValueError, EOFError, struct.error...
+        raise DecodeFailure(f"{type(e).__name__}: {e}") from e
+    smooth = _square(rgb, stats_size, Image.Resampling.BILINEAR)
+    stats = smooth if rgb.width >= stats_size and rgb.height >= stats_size else _square(rgb, stats_size, Image.Resampling.NEAREST)
+    hashed = smooth.resize((PHASH_INPUT, PHASH_INPUT), Image.Resampling.BOX)
+    return Views(np.asarray(upright(stats, orientation)), np.asarray(upright(hashed, orientation)))
+
+
+# -------------------------------------------------------------------------------------- statistics
+def grey_of(rgb: np.ndarray) -> np.ndarray:
+    """ITU-R 601 luma, float32 in [0, 255]."""
+    return rgb[..., 0] * np.float32(0.299) + rgb[..., 1] * np.float32(0.587) + rgb[..., 2] * np.float32(0.114)
+
+
+def laplacian_var(grey: np.ndarray) -> float:
+    """Variance of the 4-neighbour Laplacian: low for flat or blurred images, huge for noise."""
+    lap = grey[1:-1, :-2] + grey[1:-1, 2:] + grey[:-2, 1:-1] + grey[2:, 1:-1] - 4 * grey[1:-1, 1:-1]
+    return float(lap.var())
+
+
+def rgb_entropy(rgb: np.ndarray) -> float:
+    """Mean Shannon entropy (bits, 0..8) of the three 256-bin channel histograms."""
+    flat = rgb.reshape(-1, 3).astype(np.int64) + np.array([0, 256, 512])
+    counts = np.bincount(flat.ravel(), minlength=768).reshape(3, 256).astype(np.float64)
+    p = counts / counts.sum(axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bits = -np.where(p > 0, p * np.log2(p), 0.0).sum(axis=1)
+    return float(bits.mean())
+
+
+def _band_depth(lines: np.ndarray) -> int:
+    """How many lines, from the first one inward, are flat and of the first line's colour."""
+    edge = np.median(lines[0], axis=0)
+    close = (np.abs(lines - edge) <= BORDER_TOL).all(axis=2)  # (n_lines, line_length)
+    flat = close.mean(axis=1) >= BORDER_ROW_SHARE
+    depth = int(np.argmin(flat)) if not flat.all() else len(flat)
+    return min(depth, len(flat) // 2)
+
+
+def border_share(rgb: np.ndarray) -> float:
+    """Share of the image covered by flat bands along its four edges (letterbox, pillarbox, frames)."""
+    a = rgb.astype(np.int16)
+    h, w = a.shape[:2]
+    top, bottom = _band_depth(a), _band_depth(a[::-1])
+    left, right = _band_depth(a.transpose(1, 0, 2)), _band_depth(a.transpose(1, 0, 2)[::-1])
+    inner = max(h - top - bottom, 0) * max(w - left - right, 0)
+    return 1.0 - inner / (h * w)
+
+
+def flat_share(grey: np.ndarray) -> float:
+    """Share of FLAT_BLOCK-sided blocks that are flat: high for product shots on plain backgrounds."""
+    h, w = (s - s % FLAT_BLOCK for s in grey.shape)
+    blocks = grey[:h, :w].reshape(h // FLAT_BLOCK, FLAT_BLOCK, w // FLAT_BLOCK, FLAT_BLOCK)
+    return float((blocks.std(axis=(1, 3)) < FLAT_STD).mean())
+
+
+def measure_pixels(views: Views, aspect: float) -> Measures:
+    """Every statistic and both hashes of one image's small upright views (pure)."""
+    rgb = views.stats
+    grey = grey_of(rgb)
+    lo, hi = rgb.min(axis=2), rgb.max(axis=2)
+    small = Image.fromarray(views.hash, "RGB")
+    return Measures(
+        aspect=float(aspect),
+        laplacian_var=laplacian_var(grey),
+        entropy=rgb_entropy(rgb),
+        white_ratio=float((lo >= WHITE_LEVEL).mean()),
+        black_ratio=float((hi < BLACK_LEVEL).mean()),
+        border_share=border_share(rgb),
+        flat_share=flat_share(grey),
+        phash=phash12(np.asarray(small.convert("L"))),
+        colorhash=colorhash64(np.asarray(small.convert("HSV"))),
+    )
+
+
+def aspect_of(width: int, height: int) -> float:
+    """max / min side; EXIF rotation swaps the sides, which leaves this ratio unchanged."""
+    return max(width, height) / max(min(width, height), 1)
+
+
+def measure(data: bytes, width: int, height: int, orientation: int, decode_size: int, stats_size: int) -> Measures:
+    """Decode once and measure. Raises DecodeFailure / UnsupportedFormat."""
+    return measure_pixels(decode_views(data, orientation, decode_size, stats_size), aspect_of(width, height))

@@ -1,0 +1,126 @@
+"""The pack stage: captioned images -> a pre-shuffled training set whose every batch shares one bucket.
+
+Each image is decoded once, assigned the aspect-ratio bucket nearest its own (aspect = width / height),
+resized so that it covers the bucket and centre-cropped to it, and stored as raw uint8 H x W x 3 bytes,
+so the trainer only has to `frombuffer` a batch. Bucket sides are multiples of 8 (patch sizes 2 and
+4 both divide them) at about `resolution**2` pixels.
+
+The order is fixed here, not in the data loader: rows are shuffled with `cfg.data.pack.seed`, cut
+into batches per bucket (a bucket's last batch may be smaller: nothing is dropped), and the batches
+shuffled again so buckets interleave. Reading the rows in `order` replays exactly that stream.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pac
+from PIL import Image
+
+from assets.imageio import open_rgb
+from kiln.config import KilnConfig
+from kiln.reasons import Reason
+from kiln.schemas import CAPTIONED, TRAIN
+from kiln.stage import Rejects, Stage, StageOutput
+from kiln.uri import read_bytes
+
+SIDE_STEP = 8
+
+
+@dataclass(frozen=True, order=True)
+class Bucket:
+    height: int
+    width: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.height}x{self.width}"
+
+    @property
+    def aspect(self) -> float:
+        return self.width / self.height
+
+
+def _round_side(x: float) -> int:
+    return max(SIDE_STEP, int(math.floor(x / SIDE_STEP + 0.5)) * SIDE_STEP)
+
+
+def bucket_for(aspect: float, resolution: int) -> Bucket:
+    """Sides that are multiples of 8 with about resolution**2 pixels; matching the aspect counts double.
+
+    At resolution 32: 1.0 -> 32x32, 2.0 -> 24x48, 0.5 -> 48x24, 1.333 -> 24x32.
+    """
+    best: tuple[float, int, Bucket] | None = None
+    for h in range(SIDE_STEP, 4 * resolution + 1, SIDE_STEP):
+        b = Bucket(h, _round_side(h * aspect))
+        cost = 2 * abs(math.log(b.aspect / aspect)) + abs(math.log(b.height * b.width / resolution**2))
+        if best is None or (cost, h) < best[:2]:
+            best = (cost, h, b)
+    assert best is not None
+    return best[2]
+
+
+def buckets_for(aspects: list[float], resolution: int) -> list[Bucket]:
+    """The distinct buckets of the configured aspect ratios, narrowest first."""
+    return sorted({bucket_for(a, resolution) for a in aspects}, key=lambda b: (b.aspect, b.height))
+
+
+def nearest_bucket(width: int, height: int, buckets: list[Bucket]) -> Bucket:
+    """The bucket whose aspect is nearest in log space (so 2:1 and 1:2 are equally far from 1:1)."""
+    target = math.log(width / height)
+    return min(buckets, key=lambda b: (abs(math.log(b.aspect) - target), b.aspect))
+
+
+def fit_to_bucket(im: Image.Image, bucket: Bucket) -> Image.Image:
+    """Resize so the image just covers the bucket (shorter side fits), then crop the centre."""
+    scale = max(bucket.width / im.width, bucket.height / im.height)
+    w, h = max(bucket.width, math.ceil(im.width * scale - 1e-6)), max(bucket.height, math.ceil(im.height * scale - 1e-6))
+    im = im.resize((w, h), Image.Resampling.LANCZOS)
+    left, top = (w - bucket.width) // 2, (h - bucket.height) // 2
+    return im.crop((left, top, left + bucket.width, top + bucket.height))
+
+
+def batch_plan(bucket_of_row: list[str], batch_size: int, seed: int) -> list[tuple[int, int]]:
+    """(row index, batch) in stream order: shuffled rows, batched per bucket, batches shuffled."""
+    rng = np.random.default_rng(seed)
+    per_bucket: dict[str, list[int]] = {}
+    for i in rng.permutation(len(bucket_of_row)).tolist():
+        per_bucket.setdefault(bucket_of_row[i], []).append(i)
+    batches = [rows[k : k + batch_size] for _, rows in sorted(per_bucket.items()) for k in range(0, len(rows), batch_size)]
+    return [(i, b) for b, k in enumerate(rng.permutation(len(batches)).tolist()) for i in batches[k]]
+
+
+def pack_rows(table: pa.Table, cfg: KilnConfig, stage: str = "pack") -> StageOutput:
+    pc = cfg.data.pack
+    buckets = buckets_for(pc.aspect_buckets, pc.resolution)
+    table = table.take(pac.sort_indices(table, [("id", "ascending")]))  # input order must not matter
+    rejects = Rejects(stage)
+    packed: list[tuple[int, Bucket, bytes]] = []  # (row index, bucket, pixels)
+    for i, (id_, uri) in enumerate(zip(table.column("id").to_pylist(), table.column("uri").to_pylist())):
+        try:
+            im = open_rgb(read_bytes(uri), max_pixels=cfg.data.filters.max_pixels)
+            bucket = nearest_bucket(im.width, im.height, buckets)
+            pixels = np.asarray(fit_to_bucket(im, bucket), dtype=np.uint8).tobytes()
+        except Exception as e:  # any failure to turn the file into pixels is this row's reject reason
+            rejects.add(id_, uri, Reason.PACK_ERROR, None, f"{type(e).__name__}: {e}")
+            continue
+        packed.append((i, bucket, pixels))
+
+    plan = batch_plan([b.name for _, b, _ in packed], pc.batch_size, pc.seed)
+    ids, captions = table.column("id").to_pylist(), table.column("caption").to_pylist()
+    cols: dict[str, list] = {n: [] for n in TRAIN.names}
+    for order, (k, batch) in enumerate(plan):
+        i, bucket, pixels = packed[k]
+        for name, v in zip(TRAIN.names, (ids[i], captions[i], bucket.name, bucket.height, bucket.width, pixels, batch, order)):
+            cols[name].append(v)
+    return StageOutput(pa.Table.from_pydict(cols, schema=TRAIN), rejects.table())
+
+
+def pack_stage(table: pa.Table, cfg: KilnConfig) -> StageOutput:
+    return pack_rows(table, cfg)
+
+
+STAGE = Stage("pack", pack_stage, input_schema=CAPTIONED, output_schema=TRAIN, scope="global")

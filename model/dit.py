@@ -1,0 +1,245 @@
+"""The single-stream DiT: text tokens and image patches share one sequence through every block.
+
+Block: x += gate_a * Attn(mod(norm(x))); x += gate_m * SwiGLU(mod(norm(x))), where mod(h) = h*(1+scale)+shift.
+Modulation ("light", the default): one timestep projection shared by all blocks gives shift/scale/gate
+vectors and each block adds its own learned bias; "adaln" gives every block its own projection (DiT's
+adaLN). Both start at zero, so every block (and the output) is the identity / zero at initialisation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model.attention import Attention, SwiGLU, attention_bias
+from model.norms import RMSNorm
+from model.rope import image_positions, rope_angles
+
+
+@dataclass(frozen=True)
+class DiTConfig:
+    """Everything that decides the DiT's shape; resolved from ModelConfig + size and saved with weights."""
+
+    width: int
+    depth: int
+    heads: int
+    kv_heads: int
+    mlp_hidden: int
+    patch_size: int = 2
+    in_channels: int = 3
+    modulation: Literal["light", "adaln"] = "light"
+    timestep_tokens: int = 0
+    pad_to_multiple: int = 64
+    rope_theta: float = 10_000.0
+    qk_norm: bool = True
+    gated_attention: bool = True
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------------------- patch helpers
+def patchify(x: Tensor, p: int) -> Tensor:
+    """[B, C, H, W] -> [B, (H/p)*(W/p), C*p*p], patches in row-major order (any aspect ratio)."""
+    b, c, h, w = x.shape
+    if h % p or w % p:
+        raise ValueError(f"image {h}x{w} is not a multiple of the patch size {p}")
+    x = x.view(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(b, (h // p) * (w // p), c * p * p)
+
+
+def unpatchify(tokens: Tensor, p: int, channels: int, height: int, width: int) -> Tensor:
+    """Inverse of patchify."""
+    b = tokens.shape[0]
+    hp, wp = height // p, width // p
+    x = tokens.view(b, hp, wp, channels, p, p).permute(0, 3, 1, 4, 2, 5)
+    return x.reshape(b, channels, height, width)
+
+
+def timestep_embedding(t: Tensor, dim: int = 256, max_period: float = 10_000.0) -> Tensor:
+    """Sinusoidal features of 1000*t (t in [0, 1]) so neighbouring times are distinguishable."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+    args = 1000.0 * t.float()[:, None] * freqs[None]
+    return torch.cat([args.cos(), args.sin()], dim=-1)
+
+
+# -------------------------------------------------------------------------------------------- modules
+class LightModulation(nn.Module):
+    """The block's own learned bias on top of the shared timestep projection."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(6, width))
+
+    def forward(self, shared: Tensor, c: Tensor) -> Tensor:
+        return shared + self.bias.to(shared.dtype)
+
+
+class AdaLNModulation(nn.Module):
+    """A per-block projection of the timestep conditioning (DiT adaLN-Zero)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.proj = nn.Linear(width, 6 * width)
+
+    def forward(self, shared: Tensor | None, c: Tensor) -> Tensor:
+        return self.proj(c).view(c.shape[0], 6, -1)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block. modulation=None (text refiner): the output projections start at zero."""
+
+    def __init__(
+        self,
+        width: int,
+        heads: int,
+        kv_heads: int,
+        mlp_hidden: int,
+        modulation: Literal["light", "adaln"] | None,
+        qk_norm: bool = True,
+        gated_attention: bool = True,
+    ):
+        super().__init__()
+        affine = modulation is None
+        self.norm1 = RMSNorm(width, affine=affine)
+        self.attn = Attention(width, heads, kv_heads, qk_norm=qk_norm, gated=gated_attention)
+        self.norm2 = RMSNorm(width, affine=affine)
+        self.mlp = SwiGLU(width, mlp_hidden)
+        self.modulation = {None: None, "light": LightModulation, "adaln": AdaLNModulation}[modulation]
+        self.modulation = self.modulation(width) if self.modulation else None
+
+    def forward(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor] | None,
+        key_mask: Tensor | None,
+        shared: Tensor | None = None,
+        c: Tensor | None = None,
+    ) -> Tensor:
+        if self.modulation is None:
+            x = x + self.attn(self.norm1(x), rope, key_mask)
+            return x + self.mlp(self.norm2(x))
+        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = self.modulation(shared, c).unsqueeze(2).unbind(1)
+        x = torch.addcmul(x, gate_a, self.attn(torch.addcmul(shift_a, self.norm1(x), 1 + scale_a), rope, key_mask))
+        return torch.addcmul(x, gate_m, self.mlp(torch.addcmul(shift_m, self.norm2(x), 1 + scale_m)))
+
+    def init_weights(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, RMSNorm):
+                m.reset_parameters()
+        if isinstance(self.modulation, LightModulation):
+            nn.init.zeros_(self.modulation.bias)
+        elif isinstance(self.modulation, AdaLNModulation):
+            nn.init.zeros_(self.modulation.proj.weight)
+            nn.init.zeros_(self.modulation.proj.bias)
+        else:  # no gate to close: close the residual branches at their output projections
+            nn.init.zeros_(self.attn.out.weight)
+            nn.init.zeros_(self.mlp.down.weight)
+
+    def flops_per_token(self, seq_len: int) -> int:
+        return self.attn.flops_per_token(seq_len) + self.mlp.flops_per_token()
+
+
+class DiT(nn.Module):
+    """Velocity network over patches of x [B, C, H, W], conditioned on t [B] and text tokens [B, L, width]."""
+
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        self.cfg = cfg
+        w, p = cfg.width, cfg.patch_size
+        self.patch_embed = nn.Linear(cfg.in_channels * p * p, w)
+        self.time_embed = nn.Sequential(nn.Linear(256, w), nn.SiLU(), nn.Linear(w, w))
+        self.shared_modulation = nn.Linear(w, 6 * w, bias=False) if cfg.modulation == "light" else None
+        self.timestep_tokens = nn.Linear(w, cfg.timestep_tokens * w) if cfg.timestep_tokens else None
+        self.blocks = nn.ModuleList(
+            Block(w, cfg.heads, cfg.kv_heads, cfg.mlp_hidden, cfg.modulation, cfg.qk_norm, cfg.gated_attention)
+            for _ in range(cfg.depth)
+        )
+        self.final_norm = RMSNorm(w, affine=False)
+        self.final_modulation = nn.Linear(w, 2 * w)
+        self.final = nn.Linear(w, cfg.in_channels * p * p)
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """Xavier for projections; zero for everything that closes a residual branch or the output.
+
+        On the meta device there is nothing to fill (and random fills there are slow): materialise with
+        `to_empty(device=...)`, then call this."""
+        if self.patch_embed.weight.is_meta:
+            return
+        nn.init.xavier_uniform_(self.patch_embed.weight)
+        nn.init.zeros_(self.patch_embed.bias)
+        for m in self.time_embed:
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+        if self.shared_modulation is not None:
+            nn.init.zeros_(self.shared_modulation.weight)
+        if self.timestep_tokens is not None:
+            nn.init.normal_(self.timestep_tokens.weight, std=0.02)
+            nn.init.zeros_(self.timestep_tokens.bias)
+        for block in self.blocks:
+            block.init_weights()
+        for m in (self.final_modulation, self.final):
+            nn.init.zeros_(m.weight)
+            nn.init.zeros_(m.bias)
+
+    # ------------------------------------------------------------------------------------- sequence
+    def sequence_length(self, text_len: int, height: int, width: int) -> int:
+        """Tokens per sample after padding: text + timestep tokens + patches, rounded up to pad_to_multiple."""
+        p, m = self.cfg.patch_size, max(1, self.cfg.pad_to_multiple)
+        n = text_len + self.cfg.timestep_tokens + (height // p) * (width // p)
+        return -(-n // m) * m
+
+    def _rope(self, text_len: int, hp: int, wp: int, seq_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        prefix = text_len + self.cfg.timestep_tokens
+        pos = torch.zeros(seq_len, 3, dtype=torch.long, device=device)  # text, timestep and pad tokens at 0
+        pos[prefix : prefix + hp * wp] = image_positions(1, hp, wp).to(device)
+        return rope_angles(pos, self.cfg.width // self.cfg.heads, self.cfg.rope_theta)
+
+    def forward(self, x: Tensor, t: Tensor, text: Tensor, text_mask: Tensor) -> Tensor:
+        b, _, h, w = x.shape
+        p, k, text_len = self.cfg.patch_size, self.cfg.timestep_tokens, text.shape[1]
+        hp, wp = h // p, w // p
+        img = self.patch_embed(patchify(x, p).to(self.patch_embed.weight.dtype))
+        c = F.silu(self.time_embed(timestep_embedding(t).to(img.dtype)))
+        parts, masks = [text.to(img.dtype)], [text_mask.bool()]
+        if self.timestep_tokens is not None:
+            parts.append(self.timestep_tokens(c).view(b, k, -1))
+            masks.append(text_mask.new_ones(b, k, dtype=torch.bool))
+        parts.append(img)
+        masks.append(text_mask.new_ones(b, hp * wp, dtype=torch.bool))
+        seq = torch.cat(parts, dim=1)
+        seq_len = self.sequence_length(text_len, h, w)
+        pad = seq_len - seq.shape[1]
+        if pad:
+            seq = F.pad(seq, (0, 0, 0, pad))
+            masks.append(text_mask.new_zeros(b, pad, dtype=torch.bool))
+        key_mask = attention_bias(torch.cat(masks, dim=1), seq.dtype)
+        rope = self._rope(text_len, hp, wp, seq_len, x.device)
+        shared = self.shared_modulation(c).view(b, 6, -1) if self.shared_modulation is not None else None
+        for block in self.blocks:
+            seq = block(seq, rope, key_mask, shared, c)
+        start = text_len + k
+        out = self.final_norm(seq[:, start : start + hp * wp])
+        shift, scale = self.final_modulation(c).unsqueeze(1).chunk(2, dim=-1)
+        out = self.final(out * (1 + scale) + shift)
+        return unpatchify(out, p, self.cfg.in_channels, h, w).to(x.dtype)
+
+    def flops_per_sample(self, text_len: int, height: int, width: int) -> int:
+        """Forward FLOPs of one sample (matmuls and attention; norms and activations are negligible)."""
+        s = self.sequence_length(text_len, height, width)
+        n_img = (height // self.cfg.patch_size) * (width // self.cfg.patch_size)
+        per_token = sum(block.flops_per_token(s) for block in self.blocks)
+        io = 2 * n_img * (self.patch_embed.in_features * self.cfg.width + self.cfg.width * self.final.out_features)
+        return s * per_token + io

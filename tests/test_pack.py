@@ -1,0 +1,118 @@
+"""The pack stage: bucketed, exactly sized, pre-shuffled batches; every row kept or rejected."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from PIL import Image
+
+from assets.pack import Bucket, bucket_for, buckets_for, fit_to_bucket, nearest_bucket, pack_rows
+from kiln.config import load_config
+from kiln.reasons import Reason
+from kiln.schemas import CAPTIONED
+from kiln.stage import read_dataset, run_stage, write_table
+
+# (width, height) of the test images: square, landscape, portrait, in between
+SIZES = [(96, 96)] * 9 + [(192, 96)] * 5 + [(96, 192)] * 4 + [(128, 96)] * 3 + [(90, 110)] * 2
+
+
+def captioned_table(paths: list[Path]) -> pa.Table:
+    """CAPTIONED rows for image files, with plausible values for the columns pack does not read."""
+    uris = [str(p) for p in paths]
+    ids = [hashlib.sha1(u.encode()).hexdigest()[:16] for u in uris]
+    n = len(uris)
+    cols = {
+        "id": ids, "uri": uris, "bytes": [p.stat().st_size for p in paths],
+        "md5": [hashlib.md5(p.read_bytes()).hexdigest() for p in paths], "format": ["PNG"] * n,
+        "width": [0] * n, "height": [0] * n, "mode": ["RGB"] * n, "exif_orientation": [1] * n, "n_frames": [1] * n,
+        "aspect": [1.0] * n, "laplacian_var": [300.0] * n, "entropy": [5.5] * n, "white_ratio": [0.0] * n,
+        "black_ratio": [0.0] * n, "border_share": [0.0] * n, "flat_share": [0.2] * n,
+        "phash": [bytes(18)] * n, "colorhash": [bytes(8)] * n, "dup_group": ids,
+        "caption": [f"picture {i}" for i in range(n)], "caption_source": ["test"] * n,
+    }  # fmt: skip
+    return pa.Table.from_pydict(cols, schema=CAPTIONED)
+
+
+@pytest.fixture
+def images(tmp_path) -> list[Path]:
+    rng = np.random.default_rng(0)
+    paths = []
+    for i, (w, h) in enumerate(SIZES):
+        p = tmp_path / "img" / f"{i:03d}.png"
+        p.parent.mkdir(exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(p)
+        paths.append(p)
+    broken = tmp_path / "img" / "broken.png"
+    broken.write_bytes(paths[0].read_bytes()[:200])
+    return paths + [broken]
+
+
+@pytest.mark.parametrize(
+    "aspect, name", [(1.0, "32x32"), (2.0, "24x48"), (0.5, "48x24"), (1.333, "24x32"), (0.75, "32x24")]
+)
+def test_buckets_at_resolution_32(aspect, name):
+    assert bucket_for(aspect, 32).name == name
+
+
+def test_bucket_sides_are_multiples_of_8_at_about_the_target_area():
+    for res in (32, 64, 256, 512):
+        for b in buckets_for([0.5, 0.75, 1.0, 1.333, 2.0], res):
+            assert b.height % 8 == 0 and b.width % 8 == 0
+            assert 0.7 < b.height * b.width / res**2 < 1.3
+
+
+def test_nearest_bucket_and_centre_crop():
+    buckets = buckets_for([0.5, 1.0, 2.0], 32)
+    assert nearest_bucket(200, 100, buckets).name == "24x48"
+    assert nearest_bucket(100, 210, buckets).name == "48x24"
+    assert nearest_bucket(110, 100, buckets).name == "32x32"
+    # a 3:1 picture, red | green | blue thirds, cropped into 2:1 keeps the green middle and both sides' edges
+    a = np.zeros((60, 180, 3), np.uint8)
+    a[:, :60, 0] = a[:, 60:120, 1] = a[:, 120:, 2] = 255
+    out = np.asarray(fit_to_bucket(Image.fromarray(a), Bucket(24, 48)))
+    assert out.shape == (24, 48, 3)
+    assert out[12, 24, 1] > 200 and out[12, 2, 0] > 200 and out[12, 45, 2] > 200
+
+
+def test_pack_stage_accounts_for_every_row_and_batches_share_a_bucket(images, tmp_path):
+    write_table(captioned_table(images), tmp_path / "captioned" / "part-00000.parquet")
+    cfg = load_config(["data.pack.batch_size=4", "cluster.workers=1"])
+
+    summary = run_stage("pack", tmp_path / "captioned", tmp_path / "train", cfg)
+
+    assert (summary.input_rows, summary.kept, summary.rejected) == (len(images), len(SIZES), 1)
+    assert summary.by_reason == {Reason.PACK_ERROR: 1}
+    rejected = read_dataset(tmp_path / "train" / "rejected").to_pylist()
+    assert rejected[0]["uri"].endswith("broken.png") and rejected[0]["detail"]
+    rows = read_dataset(tmp_path / "train" / "kept").to_pylist()
+    assert [r["order"] for r in rows] == list(range(len(SIZES)))
+    by_batch = defaultdict(list)
+    for r in rows:
+        assert len(r["pixels"]) == r["height"] * r["width"] * 3 and r["bucket"] == f"{r['height']}x{r['width']}"
+        by_batch[r["batch"]].append(r)
+    assert sorted(by_batch) == list(range(len(by_batch)))
+    for batch in by_batch.values():
+        assert len({r["bucket"] for r in batch}) == 1 and len(batch) <= 4
+        orders = [r["order"] for r in batch]
+        assert orders == list(range(orders[0], orders[0] + len(batch)))  # a batch is one contiguous run
+    # only a bucket's last batch may be short, and nothing is dropped
+    per_bucket = Counter(r["bucket"] for r in rows)
+    assert per_bucket == {"32x32": 9, "24x48": 5, "48x24": 4, "24x32": 3, "32x24": 2}  # 90x110 is nearest 0.75
+    short = Counter(b[0]["bucket"] for b in by_batch.values() if len(b) < 4)
+    assert all(n <= 1 for n in short.values())
+
+
+def test_pack_is_deterministic_whatever_the_input_order(images):
+    cfg = load_config(["data.pack.batch_size=4"])
+    table = captioned_table(images)
+    first = pack_rows(table, cfg).kept
+    again = pack_rows(table.take(pa.array(range(table.num_rows - 1, -1, -1))), cfg).kept
+    assert first.equals(again)
+    other_seed = pack_rows(table, load_config(["data.pack.batch_size=4", "data.pack.seed=1"])).kept
+    assert other_seed.column("id").to_pylist() != first.column("id").to_pylist()
+    assert sorted(other_seed.column("id").to_pylist()) == sorted(first.column("id").to_pylist())

@@ -1,0 +1,119 @@
+"""Cluster profiles, code snapshots and the self-test job, without a Slurm cluster.
+
+What each profile asks of Slurm is read off the sbatch script submitit would write; the jobs that
+really go through sbatch are in test_slurm_cluster.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kiln.config import ConfigError, load_config
+from kiln.paths import REPO_ROOT
+from slurm.environment import master_port
+from slurm.jobs import SlurmJobFailed, submit_and_wait
+from slurm.launcher import TaskSpec, resolve_entry
+from slurm.profiles import executor_parameters, sbatch_script, setup_lines
+from slurm.selftest import allreduce_sgd, reference_sgd
+from slurm.snapshot import code_digest, snapshot_code
+
+
+def test_every_cluster_profile_validates():
+    for name in ("local", "test", "h200"):
+        assert load_config([f"cluster={name}"]).cluster.name == name
+
+
+def test_a_mistyped_cluster_key_is_refused_with_its_source():
+    with pytest.raises(ConfigError, match=r"cluster.gpu_per_node: unknown key"):
+        load_config(["cluster=h200", "+cluster.gpu_per_node=8"])
+
+
+def test_h200_profile_asks_for_whole_nodes_one_task_per_gpu_and_usr2_before_the_limit():
+    script = sbatch_script(load_config(["cluster=h200"]).cluster, "train", "kiln-train")
+    for line in (
+        "#SBATCH --nodes=4",
+        "#SBATCH --ntasks-per-node=8",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --cpus-per-task=12",
+        "#SBATCH --exclusive",
+        "#SBATCH --partition=h200",
+        "#SBATCH --signal=USR2@120",
+        "#SBATCH --mem=1800GB",
+        "export NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7",
+        "export NCCL_SOCKET_IFNAME=bond0",
+        "export NCCL_IB_GID_INDEX=3",
+        "export NCCL_DEBUG=WARN",
+    ):
+        assert line in script.splitlines(), line
+
+
+def test_data_arrays_use_their_own_resources_and_a_parallelism_cap():
+    cluster = load_config(["cluster=h200"]).cluster
+    p = executor_parameters(cluster, "array", "filter")
+    assert (p["slurm_partition"], p["tasks_per_node"], p["cpus_per_task"], p["slurm_array_parallelism"]) == ("cpu", 1, 8, 512)
+    assert "gpus_per_node" not in p and "slurm_exclusive" not in p
+    assert "#SBATCH --array=0-0%1" in sbatch_script(cluster, "array", "filter")
+
+
+def test_account_qos_constraint_reach_sbatch_only_when_set():
+    cluster = load_config(["cluster=h200", "cluster.account=vision", "cluster.qos=high", "cluster.constraint=h200"]).cluster
+    script = sbatch_script(cluster).splitlines()
+    assert {"#SBATCH --account=vision", "#SBATCH --qos=high", "#SBATCH --constraint=h200"} <= set(script)
+    assert not any(line.startswith("#SBATCH --account") for line in sbatch_script(load_config(["cluster=test"]).cluster).splitlines())
+
+
+def test_env_values_are_shell_quoted():
+    cluster = load_config(["cluster=test", "+cluster.env.WEIRD='a b;c'"]).cluster
+    assert "export WEIRD='a b;c'" in setup_lines(cluster, None)
+
+
+def test_snapshot_is_named_by_content_and_reused(tmp_path):
+    first = snapshot_code(tmp_path)
+    assert first.name == code_digest()[:16]
+    assert snapshot_code(tmp_path) == first
+    assert (first / "slurm" / "launcher.py").read_bytes() == (REPO_ROOT / "slurm" / "launcher.py").read_bytes()
+    assert not list(first.rglob("__pycache__"))
+
+
+def test_a_job_imports_the_snapshot_not_the_live_tree(tmp_path):
+    snap = snapshot_code(tmp_path)
+    cluster = load_config(["cluster=test"]).cluster
+    script = "\n".join(setup_lines(cluster, snap) + [f"{sys.executable} -c 'import slurm, kiln.config as c; print(slurm.__file__); print(c.conf_dir())'"])
+    out = subprocess.run(["bash", "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": ""})
+    code, conf = out.stdout.split()
+    assert Path(code).parent == snap / "slurm"
+    assert Path(conf) == snap / "conf"
+
+
+def test_master_port_is_shared_by_a_run_and_changes_after_a_requeue():
+    assert master_port("123", 0) == master_port("123", 0)
+    assert master_port("123", 0) != master_port("123", 1)
+    assert 20000 <= master_port("123", 5) < 60000
+
+
+def test_entries_are_module_colon_function():
+    assert resolve_entry("slurm.selftest:allreduce_sgd") is allreduce_sgd
+    with pytest.raises(ValueError, match="package.module:function"):
+        resolve_entry("slurm.selftest.allreduce_sgd")
+
+
+def test_selftest_resumed_from_a_checkpoint_ends_where_an_uninterrupted_run_ends(tmp_path):
+    allreduce_sgd(str(tmp_path), steps=4)  # "preempted" after 4 steps
+    resumed = allreduce_sgd(str(tmp_path), steps=9)
+    assert resumed["starts"] == [0, 4]
+    assert resumed["weights"] == reference_sgd(1, steps=9)["weights"]
+    assert resumed["losses"] == reference_sgd(1, steps=9)["losses"]
+
+
+def test_local_profile_runs_jobs_as_local_subprocesses(tmp_path):
+    cfg = load_config(["cluster=local", f"++cluster.log_dir={tmp_path}", "++cluster.poll_s=0.2"])
+    report = submit_and_wait(TaskSpec("kiln.config:to_yaml", distributed=False), cfg, log=lambda m: None)
+    assert report.state == "COMPLETED"
+    assert "kind: local" in report.result
+    with pytest.raises(SlurmJobFailed, match="TypeError"):
+        submit_and_wait(TaskSpec("os:getcwd", distributed=False), cfg, log=lambda m: None)

@@ -1,0 +1,69 @@
+"""The training loader over the pack stage's output: one bucket per batch, seeded epochs, exact resume."""
+
+import itertools
+
+import pyarrow as pa
+import pytest
+
+from kiln.schemas import TRAIN
+from training.data import DataPosition, TrainSet, holdout_ids, next_position
+from training.testing import scene_rows, write_pack_output
+
+BUCKETS = ((32, 32), (24, 40))
+
+
+@pytest.fixture(scope="module")
+def table():
+    return scene_rows(40, seed=3, buckets=BUCKETS, batch_size=6)
+
+
+@pytest.fixture(scope="module")
+def train_set(table, tmp_path_factory):
+    folder = write_pack_output(tmp_path_factory.mktemp("pack"), table, shard_rows=16)
+    return TrainSet.from_dir(folder, max_batch_size=4, holdout=5)
+
+
+def test_every_batch_comes_from_one_bucket_with_pixels_of_that_size(train_set):
+    for b in train_set.batches:
+        h, w = map(int, b.bucket.split("x"))
+        assert b.pixels.shape == (b.size, h, w, 3)
+        assert 1 <= b.size <= 4
+
+
+def test_an_epoch_yields_every_training_row_once_and_never_a_held_out_row(train_set, table):
+    held = holdout_ids(table.column("id").to_pylist(), 5)
+    epoch = list(itertools.islice(train_set.stream(seed=0), len(train_set)))
+    ids = [i for b in epoch for i in b.ids]
+    assert len(ids) == len(set(ids)) == table.num_rows - 5
+    assert set(ids) | held == set(table.column("id").to_pylist())
+
+
+def test_epoch_zero_keeps_pack_order_and_later_epochs_reshuffle_deterministically(train_set):
+    assert train_set.epoch_order(0, seed=7) == list(range(len(train_set)))
+    assert train_set.epoch_order(1, seed=7) == train_set.epoch_order(1, seed=7)
+    assert train_set.epoch_order(1, seed=7) != train_set.epoch_order(2, seed=7)
+    assert train_set.epoch_order(1, seed=7) != train_set.epoch_order(1, seed=8)
+    assert sorted(train_set.epoch_order(3, seed=7)) == list(range(len(train_set)))
+
+
+def test_resuming_from_a_saved_position_continues_the_same_batch_sequence(train_set):
+    straight = list(itertools.islice(train_set.stream(seed=1), 3 * len(train_set)))
+    k = len(train_set) + 2  # mid second epoch
+    saved = next_position(straight[k - 1].position, len(train_set))
+    restored = DataPosition.from_dict(saved.to_dict())
+    resumed = list(itertools.islice(train_set.stream(seed=1, start=restored), len(straight) - k))
+    assert [b.ids for b in resumed] == [b.ids for b in straight[k:]]
+    assert resumed[0].position == saved
+
+
+def test_hold_out_depends_only_on_which_rows_exist():
+    ids = [f"r{i}" for i in range(50)]
+    assert holdout_ids(ids, 4) == holdout_ids(list(reversed(ids)), 4)
+    assert len(holdout_ids(ids, 4)) == 4
+
+
+def test_a_packed_batch_that_mixes_buckets_is_refused(table):
+    rows = table.to_pylist()
+    rows[1] = rows[1] | {"batch": rows[0]["batch"], "bucket": "8x8", "height": 8, "width": 8, "pixels": bytes(8 * 8 * 3)}
+    with pytest.raises(ValueError, match="mixes buckets"):
+        TrainSet.from_table(pa.Table.from_pylist(rows, schema=TRAIN).sort_by([("batch", "ascending"), ("order", "ascending")]), 4)

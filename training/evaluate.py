@@ -1,0 +1,114 @@
+"""A first evaluation of a checkpoint, written to out/metrics.json.
+
+  heldout_loss    flow-matching loss on the rows the trainer held out, at fixed timesteps with fixed
+                  noise per row (seeded by the row id): deterministic and comparable across checkpoints
+  prompt_following per-attribute accuracy of generated demo-prompt images (training.prompt_check)
+  baseline        the same two measures for the untrained model (same config, same init seed), so the
+                  numbers show what training bought
+  throughput      the training run's samples/s and tokens/s (throughput.json), next to the quality
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from kiln.config import KilnConfig
+from kiln.progress import log
+from training.checkpoint import read_train_state
+from training.data import decode_pixels, holdout_ids, read_train_table
+from training.objective import flow_loss
+from training.plots import sample_grid
+from training.prompt_check import accuracy, expected_from_specs
+from training.sampling import checkpoint_resolution, generate, sampling_shift
+
+
+def row_noise(row_id: str, seed: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """Noise for one row that depends only on (row id, seed): the same row gets the same noise in every eval."""
+    s = int.from_bytes(hashlib.sha1(f"{seed}:{row_id}".encode()).digest()[:8], "little") & (2**63 - 1)
+    return torch.randn(shape, generator=torch.Generator().manual_seed(s))
+
+
+def heldout_rows(data_dir: Path, n: int) -> tuple[pa.Table, bool]:
+    """The trainer's hold-out (same rule, same n); when it held nothing out, the same-rule rows of the
+    training set, flagged as not held out."""
+    table = read_train_table(Path(data_dir))
+    ids = table.column("id").to_pylist()
+    chosen = holdout_ids(ids, n if n > 0 else min(32, len(ids)))
+    rows = table.filter(pc.is_in(table.column("id"), pa.array(sorted(chosen))))
+    return rows.sort_by("id"), n > 0
+
+
+@torch.no_grad()
+def heldout_loss(gen, rows: pa.Table, timesteps: list[float], seed: int) -> dict[str, float]:
+    """Mean v-prediction MSE over rows x fixed timesteps (captions kept), and per timestep."""
+    device = gen.device
+    gen.eval()
+    per_t: dict[float, list[float]] = {t: [] for t in timesteps}
+    for bucket in sorted(set(rows.column("bucket").to_pylist())):
+        part = rows.filter(pc.equal(rows.column("bucket"), bucket))
+        x0 = gen.autoencoder.encode(decode_pixels(part)).to(device)
+        text = gen.encode_text(part.column("caption").to_pylist())
+        eps = torch.stack([row_noise(i, seed, tuple(x0.shape[1:])) for i in part.column("id").to_pylist()]).to(device)
+        for t in timesteps:
+            tt = torch.full((x0.shape[0],), t, device=device)
+            per_t[t].extend(flow_loss(gen, x0, eps, tt, text).cpu().tolist())
+    out = {f"t={t:g}": round(float(np.mean(v)), 6) for t, v in per_t.items()}
+    out["mean"] = round(float(np.mean([x for v in per_t.values() for x in v])), 6)
+    return out
+
+
+def prompt_following(gen, cfg: KilnConfig, height: int, width: int) -> tuple[dict[str, float], np.ndarray]:
+    from assets.demo_scenes import demo_prompts
+
+    specs = demo_prompts()
+    ec = cfg.train.eval
+    images = generate(gen, [s.prompt for s in specs], ec.n_per_prompt, height, width, ec.steps, cfg.train.sample.cfg_scale, ec.seed, sampling_shift(gen, height, width, cfg.train))
+    return accuracy(images, expected_from_specs(specs)), images
+
+
+def score(gen, rows: pa.Table, cfg: KilnConfig, height: int, width: int) -> tuple[dict, np.ndarray]:
+    loss = heldout_loss(gen, rows, cfg.train.eval.loss_timesteps, cfg.train.eval.seed)
+    acc, images = prompt_following(gen, cfg, height, width)
+    return {"heldout_loss": loss, "prompt_following": acc}, images
+
+
+def evaluate(checkpoint: Path, data_dir: Path, out: Path, cfg: KilnConfig) -> dict:
+    """Score the checkpoint and its untrained baseline; write out/metrics.json (+ eval_samples.png) and return the metrics."""
+    from kiln.config import KilnConfig as _Cfg
+    from model.generator import Generator
+    from training.trainer import init_generator, setup_runtime
+
+    checkpoint, out = Path(checkpoint), Path(out)
+    runtime = setup_runtime(cfg.train)
+    state = read_train_state(checkpoint)
+    train_cfg = _Cfg.model_validate(state.config)  # the config the checkpoint was trained with: same model, same init seed
+    height, width = checkpoint_resolution(checkpoint, cfg)
+    rows, is_heldout = heldout_rows(Path(data_dir), state.holdout)
+
+    trained = Generator.from_pretrained(checkpoint, device=runtime.device)
+    trained_scores, images = score(trained, rows, cfg, height, width)
+    baseline_scores, _ = score(init_generator(train_cfg, runtime.device), rows, cfg, height, width)
+
+    throughput_file = checkpoint / "throughput.json"
+    metrics = {
+        "checkpoint": {"step": state.step, "final_loss": state.final_loss, "loss_ema": state.loss_ema, "num_params": state.num_params, "bucket": state.bucket},
+        "heldout": {"rows": rows.num_rows, "held_out": is_heldout, "timesteps": list(cfg.train.eval.loss_timesteps), "seed": cfg.train.eval.seed},
+        "prompt_following_setup": {"prompts": images.shape[0], "per_prompt": images.shape[1], "steps": cfg.train.eval.steps, "cfg_scale": cfg.train.sample.cfg_scale, "seed": cfg.train.eval.seed},
+        **trained_scores,
+        "baseline": baseline_scores,
+        "throughput": json.loads(throughput_file.read_text()) if throughput_file.exists() else None,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    from assets.demo_scenes import demo_prompts
+
+    sample_grid(images, [s.prompt for s in demo_prompts()]).save(out / "eval_samples.png", format="PNG")
+    log.info("eval: held-out loss %.4f (untrained %.4f), prompt following %s (untrained %s)", trained_scores["heldout_loss"]["mean"], baseline_scores["heldout_loss"]["mean"], trained_scores["prompt_following"], baseline_scores["prompt_following"])
+    return metrics

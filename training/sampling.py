@@ -1,0 +1,104 @@
+"""Samples from a checkpoint: a labelled grid to look at and a Parquet of PNGs to keep.
+
+    out/grid.png         one row per prompt (prompt written at the left), n_per_prompt columns,
+                         upscaled nearest-neighbour so 32 px samples are visible
+    out/samples.parquet  prompt, seed, index, png: (seed, index) fixes the initial noise of that image
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+from PIL import Image
+
+from kiln.config import KilnConfig, TrainConfig
+from kiln.stage import write_table
+from training.data import bucket_size
+from training.objective import num_image_tokens, timestep_shift
+from training.plots import sample_grid
+
+SAMPLES = pa.schema([("prompt", pa.string()), ("seed", pa.int64()), ("index", pa.int64()), ("png", pa.binary())])
+
+
+def demo_prompt_texts() -> list[str]:
+    from assets.demo_scenes import demo_prompts
+
+    return [p.prompt for p in demo_prompts()]
+
+
+def read_prompts(prompts_file: str | Path | None) -> list[str]:
+    """One prompt a line (blank lines and #-comments skipped); None = the demo prompts."""
+    if prompts_file is None:
+        return demo_prompt_texts()
+    lines = Path(prompts_file).read_text().splitlines()
+    prompts = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+    if not prompts:
+        raise ValueError(f"{prompts_file}: no prompts")
+    return prompts
+
+
+def checkpoint_resolution(checkpoint: Path, cfg: KilnConfig) -> tuple[int, int]:
+    """(height, width) the checkpoint was trained at: its main bucket, else the pack resolution."""
+    from training.checkpoint import STATE_FILE, read_train_state
+
+    if (Path(checkpoint) / STATE_FILE).exists():
+        return bucket_size(read_train_state(Path(checkpoint)).bucket)
+    return cfg.data.pack.resolution, cfg.data.pack.resolution
+
+
+def sampling_shift(gen, height: int, width: int, train: TrainConfig) -> float:
+    """The same resolution-dependent shift the trainer drew timesteps with."""
+    p = gen.dit_cfg.patch_size * gen.autoencoder.downsample
+    return timestep_shift(num_image_tokens(height, width, p), train.timestep_shift, train.timestep_max_shift)
+
+
+def generate(gen, prompts: Sequence[str], n_per_prompt: int, height: int, width: int, steps: int, cfg_scale: float, seed: int, shift: float) -> np.ndarray:
+    """uint8 [P, N, H, W, 3]: image j of prompt i uses noise row i * N + j of `seed`."""
+    from model.sampler import sample
+
+    flat = [p for p in prompts for _ in range(n_per_prompt)]
+    images = sample(gen, flat, height, width, steps=steps, cfg_scale=cfg_scale, seed=seed, shift=shift)
+    return images.reshape(len(prompts), n_per_prompt, height, width, 3)
+
+
+def png(image: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def samples_table(images: np.ndarray, prompts: Sequence[str], seed: int) -> pa.Table:
+    p, n = images.shape[:2]
+    rows = {"prompt": [], "seed": [], "index": [], "png": []}
+    for i in range(p):
+        for j in range(n):
+            rows["prompt"].append(prompts[i])
+            rows["seed"].append(seed)
+            rows["index"].append(i * n + j)
+            rows["png"].append(png(images[i, j]))
+    return pa.table(rows, schema=SAMPLES)
+
+
+def sample_to_dir(checkpoint: Path, out: Path, cfg: KilnConfig, prompts_file: str | None = None) -> Path:
+    """Generate `cfg.train.sample.n_per_prompt` images per prompt at the training resolution; return grid.png."""
+    from model.generator import Generator
+    from training.trainer import setup_runtime
+
+    sc = cfg.train.sample
+    runtime = setup_runtime(cfg.train)
+    gen = Generator.from_pretrained(Path(checkpoint), device=runtime.device)
+    prompts = read_prompts(prompts_file)
+    height, width = checkpoint_resolution(Path(checkpoint), cfg)
+    with torch.no_grad():
+        images = generate(gen, prompts, sc.n_per_prompt, height, width, sc.steps, sc.cfg_scale, sc.seed, sampling_shift(gen, height, width, cfg.train))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_table(samples_table(images, prompts, sc.seed), out / "samples.parquet")
+    grid_path = out / "grid.png"
+    sample_grid(images, prompts).save(grid_path, format="PNG")
+    return grid_path
