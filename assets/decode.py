@@ -112,20 +112,22 @@ def rgb_entropy(rgb: np.ndarray) -> float:
 
 
 def _band_depth(lines: np.ndarray) -> int:
-    """How many lines, from the first one inward, are flat and of the first line's colour."""
-    edge = np.median(lines[0], axis=0)
-    close = (np.abs(lines - edge) <= BORDER_TOL).all(axis=2)  # (n_lines, line_length)
+    """How many lines, from the first one inward, are flat and of the first line's colour (at most half)."""
+    half = lines[: len(lines) // 2 + 1]
+    edge = np.median(half[0], axis=0)
+    dev = np.abs(half - edge)
+    close = np.maximum(np.maximum(dev[..., 0], dev[..., 1]), dev[..., 2]) <= BORDER_TOL  # (n_lines, line_length)
     flat = close.mean(axis=1) >= BORDER_ROW_SHARE
     depth = int(np.argmin(flat)) if not flat.all() else len(flat)
-    return min(depth, len(flat) // 2)
+    return min(depth, len(lines) // 2)
 
 
 def border_share(rgb: np.ndarray) -> float:
     """Share of the image covered by flat bands along its four edges (letterbox, pillarbox, frames)."""
-    a = rgb.astype(np.int16)
+    a = rgb.astype(np.float32)
     h, w = a.shape[:2]
-    top, bottom = _band_depth(a), _band_depth(a[::-1])
-    left, right = _band_depth(a.transpose(1, 0, 2)), _band_depth(a.transpose(1, 0, 2)[::-1])
+    t = np.ascontiguousarray(a.transpose(1, 0, 2))
+    top, bottom, left, right = _band_depth(a), _band_depth(a[::-1]), _band_depth(t), _band_depth(t[::-1])
     inner = max(h - top - bottom, 0) * max(w - left - right, 0)
     return 1.0 - inner / (h * w)
 
@@ -141,7 +143,8 @@ def measure_pixels(views: Views, aspect: float) -> Measures:
     """Every statistic and both hashes of one image's small upright views (pure)."""
     rgb = views.stats
     grey = grey_of(rgb)
-    lo, hi = rgb.min(axis=2), rgb.max(axis=2)
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    lo, hi = np.minimum(np.minimum(r, g), b), np.maximum(np.maximum(r, g), b)
     small = Image.fromarray(views.hash, "RGB")
     return Measures(
         aspect=float(aspect),

@@ -128,9 +128,9 @@ def near_pairs(
                 i, j = _expand(rows[part], start[part], count[part], index.order)
                 keep = i < j
                 i, j = i[keep], j[keep]
-                ok = hamming_rows(pw[i], pw[j]) <= phash_radius
+                ok = np.bitwise_count(cw[i, 0] ^ cw[j, 0]) <= color_radius  # one word: the cheap test first
                 i, j = i[ok], j[ok]
-                ok = hamming_rows(cw[i], cw[j]) <= color_radius
+                ok = hamming_rows(pw[i], pw[j]) <= phash_radius
                 if ok.any():
                     found.append(i[ok] * n + j[ok])
     codes = np.unique(np.concatenate(found)) if found else np.empty(0, np.int64)

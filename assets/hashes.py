@@ -2,7 +2,7 @@
 
 - `phash12`: the 12x12 DCT perceptual hash (144 bits, 18 bytes) of a 48x48 grey image: low
   frequencies of the DCT compared against their median. It ignores colour on purpose.
-- `colorhash64`: 8 histogram cells (dark, unsaturated, 6 soft hue sectors centred on the primaries and secondaries) each written as an
+- `colorhash64`: 8 histogram cells (dark, unsaturated, 6 soft hue sectors) each written as an
   8-bit thermometer code of the cube root of its share (the root spreads small shares, so a small
   object of another colour still moves the hash). The Hamming distance between two colour hashes is then the
   L1 distance between their quantised histograms, so a hue-shifted variant of a picture lands far
@@ -25,7 +25,7 @@ COLOR_BYTES = COLOR_CELLS * COLOR_LEVELS // 8  # 8
 
 DARK_V = 0.2  # value below which a pixel counts as dark, whatever its hue
 GREY_S = 0.2  # saturation below which a (not dark) pixel counts as unsaturated
-SOFT = 0.1  # width of the ramp around both thresholds
+SOFT = 0.2  # width of the ramp around both thresholds
 
 
 @lru_cache(maxsize=4)
@@ -59,7 +59,7 @@ def colorhash64(hsv: np.ndarray) -> bytes:
     grey = (1.0 - dark) * np.clip((GREY_S - s) / SOFT + 0.5, 0.0, 1.0)
     colourful = 1.0 - dark - grey
     # hue: split between the two nearest sector centres, so a hue near a boundary does not flip bins
-    pos = h  # sector centres on red, yellow, green, cyan, blue, magenta
+    pos = h - 0.5  # sector centres at 30, 90, ... 330 degrees
     lo = np.floor(pos)
     frac = pos - lo
     lo_bin = lo.astype(np.int64) % 6

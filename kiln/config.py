@@ -28,7 +28,6 @@ class DemoConfig(Strict):
 
 class IngestConfig(Strict):
     shard_size: int = Field(2000, ge=1, description="files per manifest shard")
-    max_header_bytes: int = Field(1 << 20, description="bytes read to identify a file before decode")
 
 
 class FilterConfig(Strict):
@@ -116,7 +115,7 @@ class EvalConfig(Strict):
     loss_timesteps: list[float] = Field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9], description="fixed t of the held-out loss")
     seed: int = Field(1234, description="seed of the held-out loss's fixed noise")
     n_per_prompt: int = Field(2, ge=1, description="images generated per demo prompt for the attribute checks")
-    steps: int = Field(12, ge=1, description="sampler steps for the attribute checks")
+    steps: int = Field(10, ge=1, description="sampler steps for the attribute checks")
 
 
 class TrainConfig(Strict):

@@ -76,10 +76,9 @@ class Rejects:
 
 
 def get_stage(name: str) -> Stage:
-    """A registered stage by name, or any module's `STAGE` by dotted path (e.g. `slurm.selftest`)."""
-    if name not in STAGE_MODULES and "." not in name:
-        raise KeyError(f"unknown stage {name!r}; stages: {', '.join(STAGE_MODULES)} (or a dotted module path)")
-    return importlib.import_module(STAGE_MODULES.get(name, name)).STAGE
+    if name not in STAGE_MODULES:
+        raise KeyError(f"unknown stage {name!r}; stages: {', '.join(STAGE_MODULES)}")
+    return importlib.import_module(STAGE_MODULES[name]).STAGE
 
 
 class AccountingError(AssertionError):

@@ -111,8 +111,8 @@ class Block(nn.Module):
         self.attn = Attention(width, heads, kv_heads, qk_norm=qk_norm, gated=gated_attention)
         self.norm2 = RMSNorm(width, affine=affine)
         self.mlp = SwiGLU(width, mlp_hidden)
-        self.modulation = {None: None, "light": LightModulation, "adaln": AdaLNModulation}[modulation]
-        self.modulation = self.modulation(width) if self.modulation else None
+        kinds = {"light": LightModulation, "adaln": AdaLNModulation}
+        self.modulation = kinds[modulation](width) if modulation is not None else None
 
     def forward(
         self,

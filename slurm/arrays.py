@@ -87,7 +87,8 @@ def run_stage_array(
     if cfg.cluster.kind == "local":  # the embedded tier: in this process (and its pool)
         return run_stage(stage_name, input_dir, output_dir, cfg)
     stage = get_stage(stage_name)
-    input_dir, output_dir = Path(input_dir).resolve(), Path(output_dir).resolve()
+    # the input stays as given: ingest keeps relative uris relative, and tasks share the submit directory
+    input_dir, output_dir = Path(input_dir), Path(output_dir).resolve()
     executor = executor_for(cfg, "array", stage_name)
     executor.update_parameters(slurm_array_parallelism=max_parallel or cfg.cluster.max_array_parallel)
     if stage.scope == "global":
@@ -105,7 +106,8 @@ def run_stage_array(
     if sources:
         n = len(sources)
         jobs = executor.map_array(run_shard, [stage_name] * n, [str(s) for s in sources], parts, [cfg] * n)
-        log(f"{stage_name}: {n} shards as slurm array {jobs[0].job_id.split('_')[0]} (at most {max_parallel or cfg.cluster.max_array_parallel} at once)")
+        cap = max_parallel or cfg.cluster.max_array_parallel
+        log(f"{stage_name}: {n} shards as slurm array {jobs[0].job_id.split('_')[0]} (at most {cap} at once)")
         rows_in = _wait(jobs, cfg, log)
     outs = [StageOutput(_read_ipc(Path(p + ".kept.arrow")), _read_ipc(Path(p + ".rejected.arrow"))) for p in parts]
     summary = write_stage_output(stage, sum(rows_in), outs, output_dir, cfg)

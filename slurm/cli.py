@@ -17,7 +17,11 @@ def _spec(args: argparse.Namespace):
     from slurm.launcher import TaskSpec
 
     if args.what == "train":
-        return TaskSpec("training.trainer:train", (Path(args.data).resolve(), Path(args.out).resolve()), name="kiln-train")
+        # resume=True: a requeued job (and a resubmission into the same --out) continues from the checkpoint
+        # there. distributed=False: the trainer is single-process for now, so it gets one task (one GPU);
+        # flip to True when its FSDP2 version lands, and it gets nodes x gpus_per_node tasks.
+        return TaskSpec("training.trainer:train", (Path(args.data).resolve(), Path(args.out).resolve()),
+                        {"resume": True}, distributed=False, name="kiln-train")
     return TaskSpec("slurm.selftest:allreduce_sgd", (str(Path(args.out).resolve()),), {"steps": args.steps}, name="kiln-selftest")
 
 
@@ -32,9 +36,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(summary.to_json(), end="")
         return 0
     if args.dry_run:
+        from slurm.launcher import single_task
         from slurm.profiles import sbatch_script
 
-        print(sbatch_script(cfg.cluster, "train", _spec(args).job_name, folder=str(Path(cfg.cluster.log_dir).resolve() / "%j")), end="")
+        spec = _spec(args)
+        shape = cfg if spec.distributed else single_task(cfg)
+        print(sbatch_script(shape.cluster, "train", spec.job_name, folder=str(Path(cfg.cluster.log_dir).resolve() / "%j")), end="")
         return 0
     from slurm.jobs import SlurmJobFailed, submit, watch
 

@@ -65,13 +65,15 @@ def tail(path: Path, lines: int = TAIL_LINES) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def log_tail(job: submitit.Job, lines: int = TAIL_LINES) -> str:
-    """Last lines of every task's stderr, then task 0's stdout."""
+def log_tail(job: submitit.Job, lines: int = TAIL_LINES, max_tasks: int = 2) -> str:
+    """Last lines of the stderr of the first tasks that wrote any, then task 0's stdout."""
     parts = []
     for i in range(job.num_tasks):
         t = tail(job.task(i).paths.stderr, lines)
         if t:
             parts.append(f"[task {i} stderr]\n{t}")
+        if len(parts) == max_tasks:
+            break
     out = tail(job.paths.stdout, lines)
     if out:
         parts.append(f"[task 0 stdout]\n{out}")

@@ -91,7 +91,15 @@ def executor_for(cfg: KilnConfig, kind: JobKind, job_name: str) -> submitit.Auto
     return make_executor(cfg.cluster, job_folder(cfg), kind=kind, job_name=job_name, snapshot=snapshot)
 
 
+def single_task(cfg: KilnConfig) -> KilnConfig:
+    """The profile shrunk to one task on one node (one GPU if it has GPUs): for non-distributed entries."""
+    c = cfg.cluster
+    one = c.model_copy(update={"nodes": 1, "tasks_per_node": 1, "gpus_per_node": min(c.gpus_per_node, 1), "exclusive": False})
+    return cfg.model_copy(update={"cluster": one})
+
+
 def launch(spec: TaskSpec, cfg: KilnConfig) -> submitit.Job:
-    """Submit one job of `nodes x tasks_per_node` tasks running `spec`; returns at once."""
+    """Submit `spec` as one job: `nodes x tasks_per_node` tasks when distributed, else a single task."""
     resolve_entry(spec.entry)  # fail here, not in the queue
-    return executor_for(cfg, "train", spec.job_name).submit(LaunchedTask(spec, cfg))
+    shape = cfg if spec.distributed else single_task(cfg)
+    return executor_for(shape, "train", spec.job_name).submit(LaunchedTask(spec, cfg))

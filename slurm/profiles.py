@@ -100,7 +100,9 @@ def make_executor(
     return ex
 
 
-def sbatch_script(cluster: ClusterConfig, kind: JobKind = "train", job_name: str = "kiln", folder: str = "%j", snapshot: Path | None = None) -> str:
+def sbatch_script(
+    cluster: ClusterConfig, kind: JobKind = "train", job_name: str = "kiln", folder: str = "%j", snapshot: Path | None = None
+) -> str:
     """The sbatch script a profile produces, without submitting (for `kiln submit --dry-run` and tests)."""
     from submitit.slurm.slurm import SlurmExecutor, _convert_mem, _make_sbatch_string
 

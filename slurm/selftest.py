@@ -58,7 +58,7 @@ def sgd_update(model: torch.nn.Linear, grads: list[torch.Tensor], lr: float) -> 
 def _save(path: Path, model: torch.nn.Linear, step: int, losses: list[float], starts: list[int]) -> None:
     tmp = path.with_suffix(".tmp")
     meta = {"step": str(step), "losses": json.dumps(losses), "starts": json.dumps(starts)}
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp), metadata=meta)
+    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(tmp), metadata=meta)
     os.replace(tmp, path)
 
 
@@ -88,14 +88,19 @@ def allreduce_sgd(
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # NCCL reduces CUDA tensors only: on GPU tasks the whole computation lives on this task's GPU
+    nccl = dist.is_initialized() and dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
     model = init_model(dim, seed)
     start, losses, starts = _load(out / CHECKPOINT, model)
+    model.to(device)
     starts = starts + [start]
     if world > 1:
         dist.barrier()  # everyone has read the checkpoint before rank 0 writes the next one
     for step in range(start, steps):
-        loss, grads = local_grads(model, *batch_for(step, rank, batch, dim, seed))
-        flat = torch.cat([g.flatten() for g in grads] + [torch.tensor([loss])])
+        x, y = batch_for(step, rank, batch, dim, seed)
+        loss, grads = local_grads(model, x.to(device), y.to(device))
+        flat = torch.cat([g.flatten() for g in grads] + [torch.tensor([loss], device=device)])
         if world > 1:
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         flat /= world
@@ -116,7 +121,8 @@ def allreduce_sgd(
         "final_loss": losses[-1] if losses else None,
         "losses": losses,
         "starts": starts,
-        "weights": [p.detach().flatten().tolist() for p in model.parameters()],
+        "weights": torch.cat([p.detach().cpu().flatten() for p in model.parameters()]).tolist(),
+        "device": str(device),
         "code": str(Path(slurm.__file__).parent),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         "backend": dist.get_backend() if dist.is_initialized() else "none",
@@ -136,4 +142,4 @@ def reference_sgd(world_size: int, *, steps: int = 20, lr: float = 0.1, batch: i
         shapes = per_rank[0][1]
         sgd_update(model, [t.view_as(g) for t, g in zip(flat[:-1].split([g.numel() for g in shapes]), shapes)], lr)
         losses.append(float(flat[-1]))
-    return {"final_loss": losses[-1], "losses": losses, "weights": [p.detach().flatten().tolist() for p in model.parameters()]}
+    return {"final_loss": losses[-1], "losses": losses, "weights": torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()}

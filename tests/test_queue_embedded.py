@@ -64,7 +64,7 @@ def test_a_kept_table_is_the_input_of_the_next_stage(tmp_path):
     chained = wh.map(COMPUTE, "s__probe_noop__kept", workers=1, cfg=CFG, root=tmp_path)
     assert chained.wait(progress_bar=False).done == 30
     with pytest.raises(ValueError, match=r"lacks the columns \['poison', 'sleep_s'\]"):
-        wh.map(COMPUTE, "s__probe_noop__kept__probe_compute__kept", workers=1, cfg=CFG, root=tmp_path)
+        wh.map(COMPUTE, probe_rows(3).drop_columns(["poison", "sleep_s"]), workers=1, cfg=CFG, root=tmp_path)
 
 
 def test_attaching_to_a_job_that_does_not_exist_says_so(tmp_path):

@@ -9,18 +9,15 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 from safetensors import safe_open
 
 from kiln.config import load_config
 from kiln.paths import REPO_ROOT
-from kiln.schemas import MANIFEST
-from kiln.stage import run_stage, write_table
+from kiln.stage import run_stage
 from slurm.arrays import run_stage_array
 from slurm.jobs import SlurmJobFailed, submit, submit_and_wait, watch
 from slurm.launcher import TaskSpec
@@ -96,7 +93,7 @@ def _wait_until(predicate, timeout_s: float, what: str) -> None:
 
 def test_a_preempted_job_is_requeued_and_resumes_from_its_checkpoint(cfg, tmp_path):
     out = tmp_path / "run"
-    job = submit(TaskSpec("slurm.selftest:allreduce_sgd", (str(out),), {"steps": 24, "step_sleep_s": 0.25}), cfg, log=quiet)
+    job = submit(TaskSpec("slurm.selftest:allreduce_sgd", (str(out),), {"steps": 12, "step_sleep_s": 0.25}), cfg, log=quiet)
     _wait_until(lambda: _checkpoint_step(out / CHECKPOINT) >= 3, 120, "three checkpointed steps")
     job._interrupt()  # what Slurm sends before preemption: SIGTERM, then USR2
     # Slurm holds a requeued job back for two minutes (BeginTime); let it start again now
@@ -104,40 +101,46 @@ def test_a_preempted_job_is_requeued_and_resumes_from_its_checkpoint(cfg, tmp_pa
     subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=True, timeout=30)
     report = watch(job, cfg, log=quiet)
 
-    reference = reference_sgd(2, steps=24)
+    reference = reference_sgd(2, steps=12)
     assert report.restarts == 1
     first, resumed_at = report.result["starts"]
-    assert first == 0 and 3 <= resumed_at < 24
+    assert first == 0 and 3 <= resumed_at < 12
     for r in report.results:
         assert r["weights"] == pytest.approx(reference["weights"], abs=1e-7)
         assert r["losses"] == pytest.approx(reference["losses"], abs=1e-7)
-
-
-def _manifest(n: int, offset: int) -> pa.Table:
-    rows = [
-        dict(id=f"{i:016x}", uri=f"img/{i}.png", bytes=100 + i, md5="0" * 32, format="PNG",
-             width=8 + (i * 7) % 60, height=40, mode="RGB", exif_orientation=1, n_frames=1)
-        for i in range(offset, offset + n)
-    ]
-    return pa.Table.from_pylist(rows, schema=MANIFEST)
 
 
 def _digests(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_a_stage_as_a_job_array_writes_the_bytes_run_stage_writes(cfg, tmp_path):
-    for i, n in enumerate([5, 7, 3]):
-        write_table(_manifest(n, 100 * i), tmp_path / "in" / f"part-{i:05d}.parquet")
-    lines: list[str] = []
-    summary = run_stage_array("slurm.selftest_stage", tmp_path / "in", tmp_path / "array", cfg, max_parallel=2, log=lines.append)
-    run_stage("slurm.selftest_stage", tmp_path / "in", tmp_path / "inproc", load_config([]))
+def test_ingest_as_a_job_array_matches_in_process_and_keeps_relative_uris(cfg, tmp_path, monkeypatch):
+    from PIL import Image
 
-    assert (summary.input_rows, summary.kept + summary.rejected) == (15, 15)
-    assert summary.by_reason == {"too_small": summary.rejected} and summary.rejected > 0
-    assert _digests(tmp_path / "array") == _digests(tmp_path / "inproc")
-    assert any("3 shards as slurm array" in line for line in lines)
-    assert not (tmp_path / ".array.array").exists()  # the per-task parts are cleaned up
+    monkeypatch.chdir(tmp_path)  # jobs share the submit directory, so relative uris resolve the same
+    raw = Path("raw")
+    raw.mkdir()
+    for i in range(4):
+        Image.new("RGB", (16 + 8 * i, 24), (40 * i, 80, 120)).save(raw / f"img{i}.png")
+    (raw / "broken.png").write_bytes(b"not an image")
+    sharded = cfg.model_copy(update={"data": cfg.data.model_copy(update={"ingest": cfg.data.ingest.model_copy(update={"shard_size": 2})})})
+
+    lines: list[str] = []
+    summary = run_stage_array("ingest", raw, "array", sharded, log=lines.append)
+    run_stage("ingest", raw, "inproc", sharded.model_copy(update={"cluster": load_config([]).cluster}))
+
+    assert (summary.input_rows, summary.kept, summary.rejected) == (5, 4, 1)
+    assert _digests(Path("array")) == _digests(Path("inproc"))
+    assert len(list(Path("array/kept").glob("part-*.parquet"))) == 3  # one kept shard per array task
+    assert all(u.startswith("raw/") for u in pq_uris(Path("array/kept")))
+    assert any("3 shards as slurm array" in line and "at most 2 at once" in line for line in lines)
+    assert not Path(".array.array").exists()  # the per-task parts are cleaned up
+
+
+def pq_uris(folder: Path) -> list[str]:
+    from kiln.stage import read_dataset
+
+    return read_dataset(folder).column("uri").to_pylist()
 
 
 def test_a_failing_job_raises_with_its_traceback_and_log_paths(cfg):
@@ -147,24 +150,25 @@ def test_a_failing_job_raises_with_its_traceback_and_log_paths(cfg):
     assert report.state == "FAILED"
     assert "TypeError" in str(err.value) and f"slurm job {report.job_id}" in str(err.value)
     assert str(report.stderr) in str(err.value) and "TypeError" in report.log_tail
+    assert "[task 1 stderr]" not in report.log_tail  # a non-distributed entry runs as a single task
 
 
 def test_a_job_cancelled_by_slurm_is_reported_without_an_accounting_database(cfg):
-    job = submit(TaskSpec("slurm.selftest:allreduce_sgd", ("/nonexistent",), {"steps": 1000, "step_sleep_s": 1.0}, distributed=False), cfg, log=quiet)
+    long_job = TaskSpec("slurm.selftest:allreduce_sgd", ("/nonexistent",), {"steps": 1000, "step_sleep_s": 1.0}, distributed=False)
+    job = submit(long_job, cfg, log=quiet)
+    _wait_until(lambda: query_states([job.job_id])[job.job_id].state == "RUNNING", 60, "the job to start")
     subprocess.run(["scancel", job.job_id], check=True, timeout=30)
     with pytest.raises(SlurmJobFailed, match="CANCELLED") as err:
         watch(job, cfg, log=quiet)
     assert err.value.report.state == "CANCELLED"
 
 
-def test_kiln_submit_prints_the_job_id_and_its_logs(slurm_cluster, tmp_path):
-    out = subprocess.run(
-        [sys.executable, "-m", "slurm.cli", "submit", "selftest", "--out", str(tmp_path / "run"),
-         "cluster=test", f"cluster.log_dir={tmp_path / 'slurm'}"],
-        capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
-    )
-    assert out.returncode == 0, out.stderr
-    job_line = next(line for line in out.stdout.splitlines() if line.startswith("job "))
+def test_kiln_submit_prints_the_job_id_and_its_logs(slurm_cluster, tmp_path, capsys):
+    from slurm.cli import main
+
+    logs = tmp_path / "slurm"
+    assert main(["submit", "selftest", "--out", str(tmp_path / "run"), "cluster=test", f"cluster.log_dir={logs}"]) == 0
+    job_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("job "))
     job_id = job_line.split()[1].rstrip(":")
     subprocess.run(["scancel", job_id], check=True, timeout=30)
-    assert f"logs in {tmp_path / 'slurm' / job_id} (task 0: {tmp_path / 'slurm' / job_id / (job_id + '_0_log.out')})" in job_line
+    assert job_line == f"job {job_id}: logs in {logs / job_id} (task 0: {logs / job_id / (job_id + '_0_log.out')})"

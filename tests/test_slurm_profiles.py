@@ -72,19 +72,31 @@ def test_env_values_are_shell_quoted():
     assert "export WEIRD='a b;c'" in setup_lines(cluster, None)
 
 
-def test_snapshot_is_named_by_content_and_reused(tmp_path):
-    first = snapshot_code(tmp_path)
-    assert first.name == code_digest()[:16]
-    assert snapshot_code(tmp_path) == first
-    assert (first / "slurm" / "launcher.py").read_bytes() == (REPO_ROOT / "slurm" / "launcher.py").read_bytes()
-    assert not list(first.rglob("__pycache__"))
+def test_snapshot_is_named_by_content_reused_and_skips_bytecode(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "kiln" / "__pycache__").mkdir(parents=True)
+    (repo / "kiln" / "a.py").write_text("A = 1\n")
+    (repo / "kiln" / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"junk")
+    (repo / "conf").mkdir()
+    (repo / "conf" / "config.yaml").write_text("seed: 0\n")
+
+    first = snapshot_code(tmp_path / "snaps", root=repo)
+    assert first.name == code_digest(repo)[:16]
+    assert snapshot_code(tmp_path / "snaps", root=repo) == first
+    assert (first / "kiln" / "a.py").read_text() == "A = 1\n" and not (first / "kiln" / "__pycache__").exists()
+
+    (repo / "kiln" / "a.py").write_text("A = 2\n")  # an edit after submission: a new snapshot, the old one intact
+    second = snapshot_code(tmp_path / "snaps", root=repo)
+    assert second != first and (first / "kiln" / "a.py").read_text() == "A = 1\n"
 
 
 def test_a_job_imports_the_snapshot_not_the_live_tree(tmp_path):
     snap = snapshot_code(tmp_path)
     cluster = load_config(["cluster=test"]).cluster
-    script = "\n".join(setup_lines(cluster, snap) + [f"{sys.executable} -c 'import slurm, kiln.config as c; print(slurm.__file__); print(c.conf_dir())'"])
-    out = subprocess.run(["bash", "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": ""})
+    probe = f"{sys.executable} -c 'import slurm, kiln.config as c; print(slurm.__file__); print(c.conf_dir())'"
+    script = "\n".join([*setup_lines(cluster, snap), probe])
+    env = {**os.environ, "PYTHONPATH": ""}
+    out = subprocess.run(["bash", "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, check=True, env=env)
     code, conf = out.stdout.split()
     assert Path(code).parent == snap / "slurm"
     assert Path(conf) == snap / "conf"

@@ -53,7 +53,7 @@ def test_loss_decreases_over_thirty_steps(setup, run_a):
     assert sum(losses[-10:]) < 0.8 * sum(losses[:10])
     rows, _ = heldout_rows(data, 8)
     trained = heldout_loss(Generator.from_pretrained(run_a), rows, [0.3, 0.6, 0.9], seed=0)["mean"]
-    untrained = heldout_loss(init_generator(cfg), rows, [0.3, 0.6, 0.9], seed=0)["mean"]
+    untrained = heldout_loss(init_generator(cfg.model, cfg.train.seed), rows, [0.3, 0.6, 0.9], seed=0)["mean"]
     assert trained < 0.8 * untrained
 
 
@@ -88,7 +88,7 @@ def test_a_stopped_run_resumed_from_its_checkpoint_ends_with_the_uninterrupted_w
 def test_checkpoint_round_trip_gives_the_same_velocities_and_optimizer_state(setup, tmp_path):
     root, data, cfg = setup
     runtime = setup_runtime(cfg.train)
-    gen = init_generator(cfg)
+    gen = init_generator(cfg.model, cfg.train.seed)
     opt = make_optimizer(gen, cfg.train)
     batch = next(TrainSet.from_dir(data, cfg.train.batch_size).stream(0))
     x0 = gen.autoencoder.encode(batch.pixels)

@@ -81,20 +81,21 @@ def score(gen, rows: pa.Table, cfg: KilnConfig, height: int, width: int) -> tupl
 
 def evaluate(checkpoint: Path, data_dir: Path, out: Path, cfg: KilnConfig) -> dict:
     """Score the checkpoint and its untrained baseline; write out/metrics.json (+ eval_samples.png) and return the metrics."""
-    from kiln.config import KilnConfig as _Cfg
+    from kiln.config import ModelConfig
     from model.generator import Generator
     from training.trainer import init_generator, setup_runtime
 
     checkpoint, out = Path(checkpoint), Path(out)
     runtime = setup_runtime(cfg.train)
     state = read_train_state(checkpoint)
-    train_cfg = _Cfg.model_validate(state.config)  # the config the checkpoint was trained with: same model, same init seed
+    trained_model = ModelConfig.model_validate(state.config["model"])  # what the checkpoint was trained from: same model,
+    init_seed = int(state.config["train"]["seed"])  # same init seed
     height, width = checkpoint_resolution(checkpoint, cfg)
     rows, is_heldout = heldout_rows(Path(data_dir), state.holdout)
 
     trained = Generator.from_pretrained(checkpoint, device=runtime.device)
     trained_scores, images = score(trained, rows, cfg, height, width)
-    baseline_scores, _ = score(init_generator(train_cfg, runtime.device), rows, cfg, height, width)
+    baseline_scores, _ = score(init_generator(trained_model, init_seed, runtime.device), rows, cfg, height, width)
 
     throughput_file = checkpoint / "throughput.json"
     metrics = {

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kiln.config import KilnConfig, TrainConfig
+from kiln.config import KilnConfig, ModelConfig, TrainConfig
 from kiln.progress import log, progress
 from training.checkpoint import TrainState, load_optimizer, read_train_state, save_checkpoint
 from training.data import Batch, DataPosition, TrainSet, next_position
@@ -57,12 +57,12 @@ def step_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(state) & (2**63 - 1))
 
 
-def init_generator(cfg: KilnConfig, device: torch.device | str = "cpu"):
+def init_generator(model: ModelConfig, seed: int, device: torch.device | str = "cpu"):
     """The Generator at initialisation, seeded: the trainer's starting point and the evaluation's baseline."""
     from model.generator import Generator
 
-    torch.manual_seed(cfg.train.seed)
-    return Generator.build(cfg.model).to(device)
+    torch.manual_seed(seed)
+    return Generator.build(model).to(device)
 
 
 def make_optimizer(gen: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
@@ -110,7 +110,7 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
     tc = cfg.train
     runtime = setup_runtime(tc)
     data = TrainSet.from_dir(Path(data_dir), tc.batch_size, tc.holdout)
-    gen = init_generator(cfg, runtime.device)
+    gen = init_generator(cfg.model, tc.seed, runtime.device)
     opt = make_optimizer(gen, tc)
     step, position, loss_ema, last_loss = 0, DataPosition(), None, None
     if resume and (Path(out_dir) / "train_state.json").exists():

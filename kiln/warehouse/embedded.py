@@ -102,6 +102,15 @@ class EmbeddedJob:
             raise KeyError(f"no embedded warehouse job for stage {self.stage!r} over {self.table!r} under {self.root}")
         return json.loads(path.read_text())
 
+    def input_schema(self, rows: pa.Table | None = None) -> pa.Schema:
+        """The schema of the rows about to be loaded, else of the input table already there."""
+        if rows is not None:
+            return rows.schema
+        parts = sorted(self.input.glob("part-*.parquet"))
+        if not parts:
+            raise KeyError(f"no embedded warehouse table {self.table!r} under {self.root}")
+        return pq.read_schema(parts[0])
+
     def finished(self) -> bool:
         return (self.queue / "done.json").exists()
 
@@ -205,10 +214,6 @@ def run_passes(job: EmbeddedJob, rows: pa.Table, stage_ref: str, config_json: st
     (job.queue / "done.json").write_text("{}\n")
 
 
-def _no_table(job: EmbeddedJob):
-    raise KeyError(f"no embedded warehouse table {job.table!r} under {job.root}")
-
-
 class EmbeddedHandle:
     """A running (or finished) embedded job; `attach` makes one from another process too."""
 
@@ -255,8 +260,7 @@ def start(stage_ref: str, rows: pa.Table | None, table: str, cfg: KilnConfig, ro
     job = EmbeddedJob(root, table, stage.name)
     config_json = cfg.model_dump_json()
     meta = {"stage_ref": stage_ref, "batch_size": batch_size, "max_attempts": max_attempts}
-    source = rows.schema if rows is not None else pq.read_schema(next(iter(sorted(job.input.glob("part-*.parquet"))), None) or _no_table(job))
-    missing = [n for n in stage.input_schema.names if n not in source.names]
+    missing = [n for n in stage.input_schema.names if n not in job.input_schema(rows).names]
     if missing:
         raise ValueError(f"warehouse table {table!r} lacks the columns {missing} that stage {stage.name!r} reads")
     rows = prepare(job, rows, meta)

@@ -198,7 +198,9 @@ def create_job(conn: psycopg.Connection, job: Job, output_schema: pa.Schema, ids
             ),
             (ids,) if ids is not None else None,
         )
-        return cur.rowcount
+        added = cur.rowcount
+    conn.execute(sql.SQL("ANALYZE {}").format(q))  # fresh statistics: the claim walks the partial index in order
+    return added
 
 
 def read_job(conn: psycopg.Connection, table: str, stage: str) -> Job:

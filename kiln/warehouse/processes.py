@@ -20,5 +20,8 @@ def worker_context(preload: tuple[str, ...] = ()) -> multiprocessing.context.Bas
         method = "spawn"
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
-        ctx.set_forkserver_preload(["kiln.warehouse.worker", *preload])
+        # "__main__" (the default preload) lets each forked worker skip re-importing the caller's script;
+        # pyarrow imports pandas lazily on its first Python -> Arrow conversion (about a second), so
+        # the server imports it once instead of every worker.
+        ctx.set_forkserver_preload(["__main__", "pandas", "kiln.warehouse.worker", *preload])
     return ctx
