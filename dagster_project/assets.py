@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from dagster_project.metadata import dedup_groups_grid, stage_metadata, thumbnails
 from dagster_project.resources import KilnResource
-from kiln.stage import run_stage
+from slurm.arrays import run_stage_array
 from kiln.viz import markdown_image
 
 # (asset key, stage name, upstream asset key, upstream folder (None = the asset's own folder), group)
@@ -50,10 +50,11 @@ def _stage_asset(key: str, stage: str, upstream: str, upstream_dir: str | None, 
     extra: Callable[[Path], str | None] | None = dedup_groups_grid if stage == "dedup" else None
 
     @dg.asset(name=key, deps=[upstream], group_name=group, kinds={"python", "parquet"}, description=f"`kiln stage {stage}` over {upstream}: kept rows + rejected rows with reasons.")
-    def _asset(kiln: KilnResource) -> dg.MaterializeResult:
+    def _asset(context, kiln: KilnResource) -> dg.MaterializeResult:
         cfg = kiln.config()
         out = kiln.path(key)
-        summary = run_stage(stage, kiln.path(upstream_dir or upstream), out, cfg)
+        # In-process on the local profile; one Slurm array task per shard on a Slurm profile.
+        summary = run_stage_array(stage, kiln.path(upstream_dir or upstream), out, cfg, log=context.log.info)
         md = stage_metadata(summary, out)
         if extra and (grid := extra(out)):
             md["duplicate_groups"] = dg.MetadataValue.md(grid)
@@ -67,17 +68,35 @@ stage_assets = [_stage_asset(*s) for s in DATA_STAGES]
 
 @dg.asset(deps=["train_set"], group_name="training", kinds={"pytorch", "safetensors"}, description="The pretrained DiT: safetensors weights + config, with its loss curve.")
 def checkpoint(context, kiln: KilnResource) -> dg.MaterializeResult:
-    from training.trainer import train
-
     cfg = kiln.config()
     out = kiln.path("checkpoint")
-    train(kiln.path("train_set"), out, cfg)
-    state = json.loads((out / "train_state.json").read_text())
-    md = {"path": dg.MetadataValue.path(str(out)), **_scalars(state)}
+    md: dict = {"path": dg.MetadataValue.path(str(out))}
+    if cfg.cluster.kind == "slurm":
+        md.update(_train_on_slurm(context, kiln.path("train_set"), out, cfg))
+    else:
+        from training.trainer import train
+
+        train(kiln.path("train_set"), out, cfg)
+    md.update(_scalars(json.loads((out / "train_state.json").read_text())))
     loss_png = out / "loss.png"
     if loss_png.exists():
         md["loss_curve"] = dg.MetadataValue.md(markdown_image(loss_png.read_bytes(), "loss"))
     return dg.MaterializeResult(metadata=md)
+
+
+def _train_on_slurm(context, data: Path, out: Path, cfg) -> dict:
+    """Submit the trainer as a Slurm job and wait; a failed job fails the materialization with its log tail."""
+    from slurm.jobs import SlurmJobFailed, submit_and_wait
+    from slurm.launcher import train_task
+
+    try:
+        report = submit_and_wait(train_task(data, out), cfg, log=context.log.info)
+    except SlurmJobFailed as e:
+        raise dg.Failure(
+            description=f"slurm job {e.report.job_id} {e.report.state}",
+            metadata={**e.report.metadata(), "log_tail": dg.MetadataValue.md(f"```\n{e.report.log_tail}\n```")},
+        ) from None
+    return {**report.metadata(), "log_tail": dg.MetadataValue.md(f"```\n{report.log_tail}\n```")}
 
 
 @dg.asset(deps=["checkpoint"], group_name="evaluation", kinds={"pytorch", "image"}, description="A grid of samples per demo prompt from the checkpoint.")

@@ -118,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--select", nargs="*", default=None, help="asset keys (default: all)")
     r.add_argument("overrides", nargs="*")
     r.set_defaults(fn=cmd_run)
+
+    from slurm.cli import add_parser as add_submit
+
+    add_submit(sub)
     return p
 
 

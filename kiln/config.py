@@ -59,8 +59,78 @@ class DedupConfig(Strict):
 
 
 class CaptionConfig(Strict):
-    captioner: Literal["scene_metadata"] = "scene_metadata"
+    captioner: Literal["scene_metadata", "vlm"] = "scene_metadata"
     truth: str = Field("data/raw/truth.parquet", description="ground-truth sidecar the scene-metadata captioner reads")
+    vlm_path: str | None = Field(None, description="image-text-to-text model + processor folder (captioner=vlm)")
+    prompt: str = Field(
+        "Describe this image in detail.{ocr} The image is {width}x{height} pixels.",
+        description="VLM prompt; {ocr} becomes ' It shows the text: \"...\".' when OCR found text, else ''",
+    )
+    batch_size: int = Field(8, ge=1, description="images per VLM generate call")
+    max_new_tokens: int = Field(64, ge=1)
+    min_new_tokens: int = Field(1, ge=0)
+    num_beams: int = Field(1, ge=1)
+    do_sample: bool = Field(False, description="greedy by default: same inputs give the same captions")
+    seed: int = 0
+
+
+class OCRConfig(Strict):
+    engine: Literal["rapidocr", "tesseract"] = "rapidocr"
+    min_confidence: float = Field(0.6, ge=0, le=1, description="OCR lines below this confidence are dropped")
+    tesseract_upscale: int = Field(3, ge=1, description="tesseract reads small glyphs badly: upscale by this first")
+    # the text filter of a low-resolution training stage
+    filter_resolution: int = Field(256, ge=8, description="square side (pixel area) of the stage the text filter judges for")
+    min_text_height: float = Field(6.0, ge=0, description="px: text lines shorter than this at filter_resolution are illegible")
+
+
+class CaptionFormLengths(Strict):
+    short: tuple[int, int] = (3, 120)
+    medium: tuple[int, int] = (3, 300)
+    long: tuple[int, int] = (3, 2000)
+    tags: tuple[int, int] = (1, 400)
+    json_: tuple[int, int] = Field((2, 4000), alias="json")
+
+
+class RewriteConfig(Strict):
+    rewriter: Literal["rules", "llm"] = "rules"
+    llm_path: str | None = Field(None, description="causal LM + tokenizer folder (rewriter=llm)")
+    batch_size: int = Field(8, ge=1)
+    max_new_tokens: int = Field(48, ge=1)
+    min_new_tokens: int = Field(1, ge=0)
+    short_words: int = Field(12, ge=1, description="the short form keeps at most this many words")
+    lengths: CaptionFormLengths = CaptionFormLengths()
+    form_probs: dict[str, float] = Field(
+        default_factory=lambda: {"long": 0.5, "medium": 0.2, "short": 0.15, "tags": 0.1, "json": 0.05},
+        description="training samples a caption form with these probabilities (assets.rewrite.sample_caption)",
+    )
+    pair_drop: float = Field(0.5, ge=0, le=1, description="prompt pairs: chance of dropping each detail clause")
+    seed: int = 0
+
+
+class MixPart(Strict):
+    name: str
+    where: str = Field(description="DuckDB predicate over the pool's columns")
+    share: float = Field(gt=0, le=1)
+
+
+class MixConfig(Strict):
+    group_by: str = Field("source", description="DuckDB expression the bottom-up pretraining mix reports shares of")
+    pretrain_exclude: str = Field("false", description="DuckDB predicate of rows the pretraining mix leaves out")
+    midtrain_size: int = Field(100, ge=1)
+    midtrain: list[MixPart] = Field(
+        default_factory=lambda: [MixPart(name="text", where="contains_text", share=0.4), MixPart(name="no_text", where="NOT contains_text", share=0.6)]
+    )
+    sft_size: int = Field(20, ge=1)
+    sft_where: str = Field("true", description="DuckDB predicate of SFT candidates")
+    sft_order: str = Field("laplacian_var DESC", description="DuckDB ORDER BY of SFT candidates (best first)")
+    seed: int = 0
+
+
+class ConceptConfig(Strict):
+    list: str = Field("conf/data/concepts_demo.csv", description="CSV or Parquet with columns concept, rank")
+    columns: list[str] = Field(default_factory=lambda: ["caption", "ocr_text"], description="text searched for concepts")
+    alpha: float = Field(0.5, ge=0, description="row weight = (median count / rarest concept's count) ** alpha")
+    max_weight: float = Field(10.0, ge=1)
 
 
 class PackConfig(Strict):
@@ -70,13 +140,78 @@ class PackConfig(Strict):
     seed: int = 0
 
 
+class EmbedConfig(Strict):
+    """Which embedder turns each kept image into a vector (assets.embed)."""
+
+    embedder: Literal["classical", "hf"] = Field("classical", description="classical: offline colour/texture/shape descriptor; hf: a vision model by path")
+    path: str | None = Field(None, description="HF model folder (SigLIP / CLIP / DINOv2 classes) when embedder=hf")
+    batch_size: int = Field(32, ge=1)
+    device: str = Field("cpu", description="cpu or cuda[:n]")
+    size: int = Field(64, ge=16, description="classical descriptor: side of the square the image is resized to")
+
+
+class HeadConfig(Strict):
+    """One pseudo-label classifier: a labeller rule on a sample, a head on the embeddings, a filter."""
+
+    name: str
+    reason: Literal["ai_generated", "artifact", "low_quality"]
+    rule: str = Field(description="pseudo-label rule over row columns, e.g. \"laplacian_var < 40 or entropy < 4\"")
+    threshold: float = Field(0.9, ge=0, le=1, description="reject when the calibrated probability is at least this")
+    reject: bool = Field(True, description="False: train and report only")
+
+
+class ClassifyConfig(Strict):
+    labeller: Literal["rules"] = "rules"
+    heads: list[HeadConfig] = Field(default_factory=list)
+    model: Literal["logistic", "mlp"] = "logistic"
+    sample: int = Field(2000, ge=10, description="rows pseudo-labelled (smallest sha1(seed, id))")
+    holdout: float = Field(0.3, gt=0, lt=1, description="share of the labelled sample kept for evaluation")
+    seed: int = 0
+
+
+class SAEConfig(Strict):
+    features: int = Field(64, ge=2, description="dictionary size")
+    k: int = Field(4, ge=1, description="active features per row (top-k)")
+    steps: int = Field(300, ge=1)
+    lr: float = 3e-3
+    seed: int = 0
+    top_n: int = Field(8, ge=1, description="top-activating images that describe each feature")
+    reject_tags: list[str] = Field(default_factory=list, description="reject rows on which a feature with one of these tags fires")
+    reject_features: list[int] = Field(default_factory=list, description="reject rows on which one of these features fires")
+
+
+class ClusteringConfig(Strict):
+    """Hierarchical k-means over the embeddings, cluster names, the human review table (assets.cluster)."""
+
+    levels: list[int] = Field(default_factory=lambda: [8, 32, 128], description="clusters per level, coarse to fine; the last is the leaf level")
+    niter: int = Field(25, ge=1)
+    seed: int = 0
+    threads: int = Field(1, ge=1, description="FAISS threads (1 keeps float sums in one order)")
+    review_level: int = Field(0, ge=0, description="index into levels of the clusters people review")
+    flag: Literal["all", "outliers"] = Field("outliers", description="which review-level clusters enter the review table")
+    flag_min_size: int = Field(5, ge=0, description="outliers: clusters smaller than this are flagged")
+    flag_max_cohesion: float = Field(0.5, description="outliers: clusters whose mean cosine to their centroid is below this are flagged")
+    name_n: int = Field(5, ge=1, description="samples nearest the centroid the namer reads")
+    namer: Literal["captions"] = "captions"
+    review_db: str = Field("data/review.duckdb", description="DuckDB file holding the review table")
+    semdedup_threshold: float = Field(0.97, gt=0, le=1, description="cosine at or above which two rows of one leaf cluster are duplicates")
+
+
 class DataConfig(Strict):
     demo: DemoConfig = DemoConfig()
     ingest: IngestConfig = IngestConfig()
     filters: FilterConfig = FilterConfig()
     dedup: DedupConfig = DedupConfig()
     caption: CaptionConfig = CaptionConfig()
+    ocr: OCRConfig = OCRConfig()
+    rewrite: RewriteConfig = RewriteConfig()
+    mixes: MixConfig = MixConfig()
+    concepts: ConceptConfig = ConceptConfig()
     pack: PackConfig = PackConfig()
+    embed: EmbedConfig = EmbedConfig()
+    classify: ClassifyConfig = ClassifyConfig()
+    sae: SAEConfig = SAEConfig()
+    clustering: ClusteringConfig = ClusteringConfig()
 
 
 # ---------------------------------------------------------------------------------------------- model

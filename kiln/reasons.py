@@ -25,6 +25,14 @@ class Reason(StrEnum):
     # dedup
     EXACT_DUPLICATE = "exact_duplicate"  # detail = keeper id
     NEAR_DUPLICATE = "near_duplicate"  # detail = keeper id, value = pHash distance
+    # curation stage 2 (assets.embed / classify / sae / cluster / semdedup)
+    EMBED_ERROR = "embed_error"  # the embedder could not read or decode the image
+    AI_GENERATED = "ai_generated"  # value = calibrated head probability
+    ARTIFACT = "artifact"
+    LOW_QUALITY = "low_quality"
+    SAE_TAG = "sae_tag"  # value = feature activation, detail = feature:tag
+    CLUSTER_REJECTED = "cluster_rejected"  # value = cluster id, detail = level:cluster name (review table)
+    SEMANTIC_DUPLICATE = "semantic_duplicate"  # value = cosine to the keeper, detail = keeper id
     # caption / pack
     NO_CAPTION = "no_caption"
     PACK_ERROR = "pack_error"

@@ -90,6 +90,21 @@ class DedupRow(BaseModel):
     dup_group: str  # id of the group's keeper; a singleton's own id
 
 
+class EmbeddingRow(BaseModel):
+    """One image's embedding: little-endian float16 bytes (dim = len / 2), L2-normalised."""
+
+    embedding: bytes
+    embedder: str  # which embedder wrote it, honestly named (e.g. "classical:..." is not a learned model)
+
+
+class ClusterRow(BaseModel):
+    """Where hierarchical k-means put a row: one label per level, coarse to fine."""
+
+    cluster_path: str  # "c0.c1.leaf", the label of each level joined by dots
+    leaf: I32  # leaf cluster label (the finest level)
+    leaf_cosine: F32  # cosine to the leaf centroid
+
+
 class CaptionRow(BaseModel):
     caption: str
     caption_source: str  # which captioner wrote it, honestly named
@@ -120,6 +135,8 @@ class RejectRow(BaseModel):
 MANIFEST = arrow_schema(ManifestRow)
 FILTERED = arrow_schema(ManifestRow, StatsRow)
 DEDUPED = arrow_schema(ManifestRow, StatsRow, DedupRow)
+EMBEDDED = arrow_schema(ManifestRow, StatsRow, DedupRow, EmbeddingRow)
+CLUSTERED = arrow_schema(ManifestRow, StatsRow, DedupRow, EmbeddingRow, ClusterRow)
 CAPTIONED = arrow_schema(ManifestRow, StatsRow, DedupRow, CaptionRow)
 TRAIN = arrow_schema(TrainRow)
 REJECTED = arrow_schema(RejectRow)

@@ -38,6 +38,12 @@ STAGE_MODULES = {
     "dedup": "assets.dedup",
     "caption": "assets.caption",
     "pack": "assets.pack",
+    # curation stage 2, a branch on the dedup output: embed -> classify -> sae -> cluster -> semdedup
+    "embed": "assets.embed",
+    "classify": "assets.classify",
+    "sae": "assets.sae",
+    "cluster": "assets.cluster",
+    "semdedup": "assets.semdedup",
 }
 
 

@@ -14,14 +14,10 @@ from pathlib import Path
 
 
 def _spec(args: argparse.Namespace):
-    from slurm.launcher import TaskSpec
+    from slurm.launcher import TaskSpec, train_task
 
     if args.what == "train":
-        # resume=True: a requeued job (and a resubmission into the same --out) continues from the checkpoint
-        # there. distributed=False: the trainer is single-process for now, so it gets one task (one GPU);
-        # flip to True when its FSDP2 version lands, and it gets nodes x gpus_per_node tasks.
-        return TaskSpec("training.trainer:train", (Path(args.data).resolve(), Path(args.out).resolve()),
-                        {"resume": True}, distributed=False, name="kiln-train")
+        return train_task(Path(args.data), Path(args.out))
     return TaskSpec("slurm.selftest:allreduce_sgd", (str(Path(args.out).resolve()),), {"steps": args.steps}, name="kiln-selftest")
 
 

@@ -103,3 +103,10 @@ def launch(spec: TaskSpec, cfg: KilnConfig) -> submitit.Job:
     resolve_entry(spec.entry)  # fail here, not in the queue
     shape = cfg if spec.distributed else single_task(cfg)
     return executor_for(shape, "train", spec.job_name).submit(LaunchedTask(spec, cfg))
+
+
+def train_task(data: Path, out: Path) -> TaskSpec:
+    """The trainer as a Slurm task. resume=True: a requeued job (and a resubmission into the same `out`)
+    continues from the checkpoint there. distributed=False: the trainer is single-process for now, so it
+    gets one task (one GPU); flip to True when its FSDP2 version lands (nodes x gpus_per_node tasks)."""
+    return TaskSpec("training.trainer:train", (Path(data).resolve(), Path(out).resolve()), {"resume": True}, distributed=False, name="kiln-train")

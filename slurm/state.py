@@ -70,3 +70,15 @@ def restarts(job_id: str) -> int:
         if token.startswith("Restarts="):
             return int(token.split("=", 1)[1])
     return 0
+
+
+def jobs_named(prefix: str = "kiln-") -> dict[str, tuple[str, SlurmState]]:
+    """Job id -> (job name, state) for this user's jobs whose name starts with `prefix` (for the Dagster sensor)."""
+    out = _run(["squeue", "--me", "--states=all", "-h", "-o", "%i|%j|%T|%N|%r"]) or ""
+    found = {}
+    for line in out.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 5 and parts[1].startswith(prefix):
+            jid, name, state, nodes, reason = parts
+            found[jid] = (name, SlurmState(jid, state.split()[0], nodes, reason))
+    return found

@@ -1,6 +1,11 @@
 """Shared test set-up: offline, quiet, deterministic."""
 
 import os
+import subprocess
+
+import pytest
+
+from kiln.paths import REPO_ROOT
 
 os.environ.setdefault("KILN_PROGRESS", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -8,3 +13,28 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("DAGSTER_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+
+
+SLURM_SCRIPT = REPO_ROOT / "scripts" / "slurm-local.sh"
+
+
+def _sinfo_answers() -> bool:
+    try:
+        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=5).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """SLURM_CONF of a cluster that answers: the one in the environment, else the local one, started."""
+    if not (os.environ.get("SLURM_CONF") and _sinfo_answers()):
+        env_line = subprocess.run([str(SLURM_SCRIPT), "env"], capture_output=True, text=True).stdout.strip()
+        os.environ["SLURM_CONF"] = env_line.split("=", 1)[1]
+        started = subprocess.run([str(SLURM_SCRIPT), "start"], capture_output=True, text=True, timeout=120)
+        if started.returncode != 0 or not _sinfo_answers():
+            why = f"local Slurm did not start: {started.stderr[-2000:]}"
+            if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+                pytest.fail(why)
+            pytest.skip(why)
+    return os.environ["SLURM_CONF"]

@@ -7,7 +7,6 @@ import io
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 from PIL import Image, UnidentifiedImageError
 

@@ -7,7 +7,6 @@ In CI (CI=true) a cluster that cannot start fails the run instead of skipping it
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -16,7 +15,6 @@ import pytest
 from safetensors import safe_open
 
 from kiln.config import load_config
-from kiln.paths import REPO_ROOT
 from kiln.stage import run_stage
 from slurm.arrays import run_stage_array
 from slurm.jobs import SlurmJobFailed, submit, submit_and_wait, watch
@@ -25,31 +23,6 @@ from slurm.selftest import CHECKPOINT, reference_sgd
 from slurm.state import query_states
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
-SCRIPT = REPO_ROOT / "scripts" / "slurm-local.sh"
-
-
-def _sinfo_answers() -> bool:
-    try:
-        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=5).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    """SLURM_CONF of a cluster that answers: the one in the environment, else the local one, started."""
-    if not (os.environ.get("SLURM_CONF") and _sinfo_answers()):
-        env_line = subprocess.run([str(SCRIPT), "env"], capture_output=True, text=True).stdout.strip()
-        os.environ["SLURM_CONF"] = env_line.split("=", 1)[1]
-        started = subprocess.run([str(SCRIPT), "start"], capture_output=True, text=True, timeout=120)
-        if started.returncode != 0 or not _sinfo_answers():
-            why = f"local Slurm did not start: {started.stderr[-2000:]}"
-            if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-                pytest.fail(why)
-            pytest.skip(why)
-    return os.environ["SLURM_CONF"]
-
-
 @pytest.fixture
 def cfg(slurm_cluster, tmp_path):
     return load_config(["cluster=test", f"cluster.log_dir={tmp_path / 'slurm'}", "cluster.poll_s=0.3"])

@@ -129,3 +129,14 @@ def test_local_profile_runs_jobs_as_local_subprocesses(tmp_path):
     assert "kind: local" in report.result
     with pytest.raises(SlurmJobFailed, match="TypeError"):
         submit_and_wait(TaskSpec("os:getcwd", distributed=False), cfg, log=lambda m: None)
+
+
+@pytest.mark.gpu
+@pytest.mark.distributed
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_selftest_runs_over_nccl_on_the_device(tmp_path):
+    cfg = load_config(["cluster=local", f"++cluster.log_dir={tmp_path}", "++cluster.gpus_per_node=1", "++cluster.poll_s=0.2"])
+    report = submit_and_wait(TaskSpec("slurm.selftest:allreduce_sgd", (str(tmp_path / "run"),), {"steps": 5}), cfg, log=lambda m: None)
+    (r,) = report.results
+    assert (r["backend"], r["device"]) == ("nccl", "cuda:0")
+    assert r["losses"] == pytest.approx(reference_sgd(1, steps=5)["losses"], rel=1e-4)

@@ -1,0 +1,199 @@
+"""The embed stage: DEDUPED -> EMBEDDED, one L2-normalised float16 vector per kept image.
+
+Embedders share one small interface (`Embedder`): a name written next to every vector, and
+`embed(images) -> (n, d) float32`. Two exist:
+
+- `ClassicalEmbedder`, the offline default: a hand-made colour / texture / shape descriptor (no
+  weights, no download). It is named `classical:...` in the data so nobody mistakes it for a learned
+  model; it is still meaningful: its blocks are chosen so that layout and structure (how many blobs,
+  stripes, a text sign) weigh more than colour, which is what the demo's scene families differ in.
+- `HFEmbedder`: any Hugging Face vision model given by local path (SigLIP / SigLIP-2, CLIP,
+  DINOv2 / DINOv3 classes) through `AutoModel` + `AutoImageProcessor`, batched, on CPU or CUDA.
+
+Rows whose bytes cannot be read or decoded are rejected with `embed_error`, never dropped.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import pyarrow as pa
+from PIL import Image
+from scipy import ndimage
+
+from assets.imageio import open_rgb
+from kiln.config import EmbedConfig, KilnConfig
+from kiln.reasons import Reason
+from kiln.schemas import DEDUPED, EMBEDDED
+from kiln.stage import Rejects, Stage, StageOutput
+from kiln.uri import read_bytes
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    name: str  # written to the `embedder` column
+
+    def embed(self, images: list[Image.Image]) -> np.ndarray:
+        """(n, d) float32, one row per image, L2-normalised."""
+        ...
+
+
+def l2_normalise(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+# ------------------------------------------------------------------------------------ classical
+CLASSICAL_VERSION = "v1"
+# block weights: structure first, colour last (the demo's families share their colours)
+BLOCK_WEIGHTS = {"colour": 0.5, "orientation": 1.0, "edges": 1.0, "foreground": 1.4, "spectrum": 1.0, "blobs": 1.2}
+
+
+def _rgb_to_hsv(a: np.ndarray) -> np.ndarray:
+    mx, mn = a.max(-1), a.min(-1)
+    d = mx - mn
+    s = np.where(mx > 0, d / np.maximum(mx, 1e-6), 0)
+    r, g, b = a[..., 0], a[..., 1], a[..., 2]
+    h = np.where(mx == r, (g - b) / np.maximum(d, 1e-6) % 6, np.where(mx == g, (b - r) / np.maximum(d, 1e-6) + 2, (r - g) / np.maximum(d, 1e-6) + 4))
+    return np.stack([h / 6.0, s, mx], -1)
+
+
+def _cells(x: np.ndarray, n: int) -> np.ndarray:
+    """Mean of x over an n x n grid of cells: (H, W) -> (n * n,)."""
+    h, w = x.shape
+    return x[: h - h % n, : w - w % n].reshape(n, h // n, n, w // n).mean((1, 3)).ravel()
+
+
+def classical_descriptor(im: Image.Image, size: int = 64) -> np.ndarray:
+    """Colour histogram, gradient orientations, edge layout, foreground layout, blob count, FFT bands."""
+    a = np.asarray(im.convert("RGB").resize((size, size), Image.Resampling.BILINEAR), np.float32) / 255.0
+    grey = a @ np.array([0.299, 0.587, 0.114], np.float32)
+    blocks: dict[str, np.ndarray] = {}
+
+    hsv = _rgb_to_hsv(a)
+    hue = np.minimum((hsv[..., 0] * 8).astype(int), 7)
+    chroma = np.where(hsv[..., 1] > 0.25, hue, 8 + np.minimum((hsv[..., 2] * 3).astype(int), 2))  # 8 hues + 3 greys
+    blocks["colour"] = np.sqrt(np.bincount(chroma.ravel(), minlength=11) / chroma.size)
+
+    gx, gy = ndimage.sobel(grey, 1), ndimage.sobel(grey, 0)
+    mag = np.hypot(gx, gy)
+    ang = np.minimum(((np.arctan2(gy, gx) % np.pi) / np.pi * 8).astype(int), 7)  # unsigned: 8 bins
+    blocks["orientation"] = np.sqrt(np.bincount(ang.ravel(), weights=mag.ravel(), minlength=8) / (mag.sum() + 1e-6))
+    blocks["edges"] = np.sqrt(_cells(mag, 4) / (mag.mean() + 1e-6))
+
+    # foreground: pixels far from the background colour (the median of the border ring)
+    ring = np.concatenate([a[0], a[-1], a[:, 0], a[:, -1]])
+    fg = np.linalg.norm(a - np.median(ring, 0), axis=-1) > 0.25
+    blocks["foreground"] = np.concatenate([_cells(fg.astype(np.float32), 4), [fg.mean()]])
+    labels, n = ndimage.label(fg)
+    sizes = np.bincount(labels.ravel())[1:] if n else np.zeros(0)
+    big = int((sizes >= 0.004 * fg.size).sum())
+    blocks["blobs"] = np.eye(5, dtype=np.float32)[min(big, 4)]
+
+    spec = np.abs(np.fft.fftshift(np.fft.fft2(grey - grey.mean())))
+    yy, xx = np.mgrid[:size, :size] - size // 2
+    radius = np.minimum((np.hypot(yy, xx) / (size / 2) * 8).astype(int), 7)
+    bands = np.bincount(radius.ravel(), weights=spec.ravel(), minlength=8)
+    blocks["spectrum"] = np.sqrt(bands / (bands.sum() + 1e-6))
+
+    parts = [BLOCK_WEIGHTS[k] * l2_normalise(v) for k, v in blocks.items()]
+    return l2_normalise(np.concatenate(parts))
+
+
+class ClassicalEmbedder:
+    """The offline default: a deterministic hand-made descriptor, honestly named as one."""
+
+    def __init__(self, size: int = 64):
+        self.size = size
+        self.name = f"classical:colour-texture-shape-{CLASSICAL_VERSION}@{size}px (hand-made descriptor, not a learned model)"
+
+    def embed(self, images: list[Image.Image]) -> np.ndarray:
+        if not images:
+            return np.zeros((0, 0), np.float32)
+        return np.stack([classical_descriptor(im, self.size) for im in images])
+
+
+# ------------------------------------------------------------------------------------------- HF
+class HFEmbedder:
+    """A transformers vision model from a local folder: image features for CLIP / SigLIP, the pooled
+    output (or the token mean) for vision-only encoders such as DINOv2."""
+
+    def __init__(self, path: str, device: str = "cpu", batch_size: int = 32):
+        import torch
+        from transformers import AutoImageProcessor, AutoModel
+
+        self.torch = torch
+        self.processor = AutoImageProcessor.from_pretrained(path)
+        self.model = AutoModel.from_pretrained(path).eval().to(device)
+        self.device, self.batch_size = device, batch_size
+        self.name = f"hf:{self.model.config.model_type}:{path.rstrip('/').split('/')[-1]}"
+
+    def _features(self, pixel_values):
+        if hasattr(self.model, "get_image_features"):  # dual encoders (CLIPModel, SiglipModel)
+            out = self.model.get_image_features(pixel_values=pixel_values)
+        else:
+            out = self.model(pixel_values=pixel_values)
+        if isinstance(out, self.torch.Tensor):
+            return out
+        pooled = getattr(out, "pooler_output", None)
+        return pooled if pooled is not None else out.last_hidden_state.mean(1)
+
+    def embed(self, images: list[Image.Image]) -> np.ndarray:
+        chunks = []
+        with self.torch.inference_mode():
+            for i in range(0, len(images), self.batch_size):
+                batch = self.processor(images=[im.convert("RGB") for im in images[i : i + self.batch_size]], return_tensors="pt")
+                chunks.append(self._features(batch["pixel_values"].to(self.device)).float().cpu().numpy())
+        return l2_normalise(np.concatenate(chunks)) if chunks else np.zeros((0, 0), np.float32)
+
+
+@lru_cache(maxsize=2)
+def make_embedder(cfg: EmbedConfig) -> Embedder:
+    """One embedder per process and config (a model loads once, not once per shard)."""
+    if cfg.embedder == "classical":
+        return ClassicalEmbedder(cfg.size)
+    if not cfg.path:
+        raise ValueError("data.embed.embedder=hf needs data.embed.path (a local model folder)")
+    return HFEmbedder(cfg.path, cfg.device, cfg.batch_size)
+
+
+# ---------------------------------------------------------------------------------------- columns
+def to_column(vectors: np.ndarray) -> pa.Array:
+    """(n, d) float -> binary column of little-endian float16 rows."""
+    v = np.ascontiguousarray(vectors, dtype="<f2")
+    return pa.array([row.tobytes() for row in v], pa.binary())
+
+
+def matrix(table: pa.Table, column: str = "embedding") -> np.ndarray:
+    """The embedding column back as (n, d) float32, re-normalised after the float16 round trip."""
+    values = table.column(column).to_pylist()
+    if not values:
+        return np.zeros((0, 0), np.float32)
+    return l2_normalise(np.frombuffer(b"".join(values), "<f2").reshape(len(values), -1))
+
+
+# ------------------------------------------------------------------------------------------ stage
+def embed_rows(table: pa.Table, embedder: Embedder, max_pixels: int, stage: str = "embed") -> StageOutput:
+    """Pure core of the stage: decode each row once, embed the decodable ones, reject the others."""
+    rejects = Rejects(stage)
+    keep, images = [], []
+    for i, (id_, uri) in enumerate(zip(table.column("id").to_pylist(), table.column("uri").to_pylist())):
+        try:
+            images.append(open_rgb(read_bytes(uri), max_pixels))
+            keep.append(i)
+        except Exception as e:  # noqa: BLE001 - any failure to read is a reason, not a crash
+            rejects.add(id_, uri, Reason.EMBED_ERROR, None, f"{type(e).__name__}: {e}"[:200])
+    vectors = embedder.embed(images)
+    kept = table.take(pa.array(keep, pa.int64()))
+    kept = kept.append_column(pa.field("embedding", pa.binary(), nullable=False), to_column(vectors) if keep else pa.array([], pa.binary()))
+    kept = kept.append_column(pa.field("embedder", pa.string(), nullable=False), pa.array([embedder.name] * len(keep), pa.string()))
+    return StageOutput(kept, rejects.table())
+
+
+def embed_stage(table: pa.Table, cfg: KilnConfig) -> StageOutput:
+    return embed_rows(table, make_embedder(cfg.data.embed), cfg.data.filters.max_pixels)
+
+
+STAGE = Stage("embed", embed_stage, input_schema=DEDUPED, output_schema=EMBEDDED, scope="shard")

@@ -1,0 +1,64 @@
+"""The Dagster door: every artifact is an asset with checks, and a failed Slurm job fails its materialization."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+
+from dagster_project.definitions import defs
+from dagster_project.resources import KilnResource
+
+ARTIFACTS = ["raw_images", "manifest", "filtered", "deduped", "captioned", "train_set", "checkpoint", "samples", "evaluation"]
+
+
+def test_definitions_show_every_artifact_from_raw_images_to_the_evaluation():
+    graph = defs.resolve_asset_graph()
+    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    assert set(ARTIFACTS) <= keys
+    assert graph.get(dg.AssetKey("evaluation")).parent_keys == {dg.AssetKey("checkpoint"), dg.AssetKey("train_set")}
+
+
+def test_every_data_asset_has_an_accounting_check_and_a_great_expectations_check():
+    checks = {(k.asset_key.to_user_string(), k.name) for k in defs.resolve_asset_graph().asset_check_keys}
+    for asset in ["manifest", "filtered", "deduped", "captioned", "train_set"]:
+        assert (asset, "rows_accounted_for") in checks and (asset, "great_expectations") in checks
+
+
+@pytest.mark.integration
+def test_the_data_assets_materialize_with_passing_checks(tmp_path, monkeypatch):
+    from dagster_project.assets import all_assets
+    from dagster_project.checks import all_checks
+
+    monkeypatch.chdir(tmp_path)
+    data_assets = [a for a in all_assets if a.key.to_user_string() in ARTIFACTS[:6]]
+    result = dg.materialize(
+        [*data_assets, *all_checks],
+        resources={"kiln": KilnResource(overrides=["data.demo.n=80"], data_dir=str(tmp_path / "data"))},
+        instance=dg.DagsterInstance.ephemeral(),
+    )
+    assert result.success
+    evaluations = result.get_asset_check_evaluations()
+    assert len(evaluations) == 10 and all(e.passed for e in evaluations)
+    md = result.asset_materializations_for_node("filtered")[0].metadata
+    assert md["input_rows"].value == md["kept"].value + md["rejected"].value and md["rejected"].value > 0
+    assert "data:image/png;base64," in md["kept_sample"].value
+
+
+@pytest.mark.slurm
+@pytest.mark.integration
+def test_a_failing_slurm_training_job_fails_the_checkpoint_with_its_log_tail(slurm_cluster, tmp_path, monkeypatch):
+    from dagster_project.assets import checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "train_set").mkdir(parents=True)  # no shards: the trainer fails inside the job
+    result = dg.materialize(
+        [checkpoint],
+        resources={"kiln": KilnResource(overrides=["cluster=test", f"cluster.log_dir={tmp_path / 'slurm'}", "cluster.poll_s=0.3"], data_dir=str(tmp_path / "data"))},
+        instance=dg.DagsterInstance.ephemeral(),
+        raise_on_error=False,
+    )
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    info = failure.step_failure_data.user_failure_data
+    assert "slurm job" in info.description and "FAILED" in info.description
+    assert "FileNotFoundError: no Parquet shards" in info.metadata["log_tail"].value
