@@ -48,7 +48,7 @@ def l2_normalise(x: np.ndarray) -> np.ndarray:
 # ------------------------------------------------------------------------------------ classical
 CLASSICAL_VERSION = "v1"
 # block weights: structure first, colour last (the demo's families share their colours)
-BLOCK_WEIGHTS = {"colour": 0.5, "orientation": 1.0, "edges": 1.0, "foreground": 1.4, "spectrum": 1.0, "blobs": 1.2}
+BLOCK_WEIGHTS = {"colour": 0.5, "orientation": 1.0, "edges": 1.0, "foreground": 1.4, "spectrum": 1.0, "blobs": 1.5, "shape": 1.5}
 
 
 def _rgb_to_hsv(a: np.ndarray) -> np.ndarray:
@@ -64,6 +64,31 @@ def _cells(x: np.ndarray, n: int) -> np.ndarray:
     """Mean of x over an n x n grid of cells: (H, W) -> (n * n,)."""
     h, w = x.shape
     return x[: h - h % n, : w - w % n].reshape(n, h // n, n, w // n).mean((1, 3)).ravel()
+
+
+def _blob_blocks(a: np.ndarray, fg: np.ndarray, mag: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """How many sizeable foreground blobs (one-hot 0..4+), and what the largest two look like:
+    their areas, whether they share a colour and a size (repeated objects vs two different ones),
+    how rectangular the largest is and how much detail is inside it (a sign with text)."""
+    labels, n = ndimage.label(fg)
+    sizes = np.bincount(labels.ravel(), minlength=n + 1)[1:]
+    big = [int(i) + 1 for i in np.argsort(-sizes, kind="stable") if sizes[i] >= 0.004 * fg.size]
+    count = np.eye(5, dtype=np.float32)[min(len(big), 4)]
+    shape = np.zeros(6, np.float32)
+    if big:
+        first = labels == big[0]
+        ys, xs = np.nonzero(first)
+        box = (ys.ptp() + 1) * (xs.ptp() + 1)
+        inner = ndimage.binary_erosion(first, iterations=2)
+        shape[0] = np.sqrt(first.mean())
+        shape[1] = first.sum() / box  # rectangle 1, circle 0.79, triangle / diamond 0.5
+        shape[2] = min(float(mag[inner].mean()) if inner.any() else 0.0, 1.0)  # text inside a sign
+    if len(big) >= 2:
+        second = labels == big[1]
+        shape[3] = np.sqrt(second.mean())
+        shape[4] = second.sum() / first.sum()
+        shape[5] = np.exp(-np.linalg.norm(a[first].mean(0) - a[second].mean(0)) / 0.15)  # same colour: 1
+    return count, shape
 
 
 def classical_descriptor(im: Image.Image, size: int = 64) -> np.ndarray:
@@ -87,10 +112,7 @@ def classical_descriptor(im: Image.Image, size: int = 64) -> np.ndarray:
     ring = np.concatenate([a[0], a[-1], a[:, 0], a[:, -1]])
     fg = np.linalg.norm(a - np.median(ring, 0), axis=-1) > 0.25
     blocks["foreground"] = np.concatenate([_cells(fg.astype(np.float32), 4), [fg.mean()]])
-    labels, n = ndimage.label(fg)
-    sizes = np.bincount(labels.ravel())[1:] if n else np.zeros(0)
-    big = int((sizes >= 0.004 * fg.size).sum())
-    blocks["blobs"] = np.eye(5, dtype=np.float32)[min(big, 4)]
+    blocks["blobs"], blocks["shape"] = _blob_blocks(a, fg, mag)
 
     spec = np.abs(np.fft.fftshift(np.fft.fft2(grey - grey.mean())))
     yy, xx = np.mgrid[:size, :size] - size // 2

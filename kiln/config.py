@@ -83,14 +83,6 @@ class OCRConfig(Strict):
     min_text_height: float = Field(6.0, ge=0, description="px: text lines shorter than this at filter_resolution are illegible")
 
 
-class CaptionFormLengths(Strict):
-    short: tuple[int, int] = (3, 120)
-    medium: tuple[int, int] = (3, 300)
-    long: tuple[int, int] = (3, 2000)
-    tags: tuple[int, int] = (1, 400)
-    json_: tuple[int, int] = Field((2, 4000), alias="json")
-
-
 class RewriteConfig(Strict):
     rewriter: Literal["rules", "llm"] = "rules"
     llm_path: str | None = Field(None, description="causal LM + tokenizer folder (rewriter=llm)")
@@ -98,7 +90,10 @@ class RewriteConfig(Strict):
     max_new_tokens: int = Field(48, ge=1)
     min_new_tokens: int = Field(1, ge=0)
     short_words: int = Field(12, ge=1, description="the short form keeps at most this many words")
-    lengths: CaptionFormLengths = CaptionFormLengths()
+    lengths: dict[Literal["short", "medium", "long", "tags", "json"], tuple[int, int]] = Field(
+        default_factory=lambda: {"short": (3, 120), "medium": (3, 300), "long": (3, 2000), "tags": (1, 400), "json": (2, 4000)},
+        description="allowed [min, max] characters of each caption form; rows outside are rejected (caption_length)",
+    )
     form_probs: dict[str, float] = Field(
         default_factory=lambda: {"long": 0.5, "medium": 0.2, "short": 0.15, "tags": 0.1, "json": 0.05},
         description="training samples a caption form with these probabilities (assets.rewrite.sample_caption)",
@@ -127,7 +122,7 @@ class MixConfig(Strict):
 
 
 class ConceptConfig(Strict):
-    list: str = Field("conf/data/concepts_demo.csv", description="CSV or Parquet with columns concept, rank")
+    path: str = Field("conf/data/concepts_demo.csv", description="concept list: CSV or Parquet with columns concept, rank")
     columns: list[str] = Field(default_factory=lambda: ["caption", "ocr_text"], description="text searched for concepts")
     alpha: float = Field(0.5, ge=0, description="row weight = (median count / rarest concept's count) ** alpha")
     max_weight: float = Field(10.0, ge=1)
@@ -313,12 +308,29 @@ class ClusterConfig(Strict):
     poll_s: float = Field(1.0, gt=0, description="seconds between state checks while waiting on a job")
 
 
+class MetricsConfig(Strict):
+    """Distribution metrics per checkpoint (training.eval_protocol): FID, CMMD, DINO-MMD against a
+    reference image set of the dataset. An extractor path left None skips that metric, and the
+    results say so; steps and CFG come from train.eval.steps and train.sample.cfg_scale."""
+
+    fid_extractor: str | None = Field(None, description="HF image backbone folder (pooled output) for FID; None = no FID")
+    clip_extractor: str | None = Field(None, description="CLIPVisionModelWithProjection folder for CMMD; None = no CMMD")
+    dino_extractor: str | None = Field(None, description="Dinov2Model folder for DINO-MMD; None = no DINO-MMD")
+    prompts_file: str | None = Field(None, description="one prompt a line; None = the demo prompts")
+    n_per_prompt: int = Field(4, ge=1, description="images generated per prompt for the distribution metrics")
+    reference_images: int = Field(64, ge=2, description="real images of the main bucket (smallest sha1(id) first)")
+    seed: int = Field(2024, description="seed of the generation noise")
+    batch_size: int = Field(32, ge=1, description="images per extractor forward pass")
+    history: str | None = Field(None, description="CSV kept across checkpoints (one row per step); None = only out/history.csv")
+
+
 class KilnConfig(Strict):
     seed: int = 0
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     cluster: ClusterConfig = ClusterConfig()
+    metrics: MetricsConfig = MetricsConfig()
 
 
 # -------------------------------------------------------------------------------------------- compose
@@ -326,7 +338,7 @@ class ConfigError(ValueError):
     """A config that does not validate; the message names each bad key and where it came from."""
 
 
-GROUPS = ("data", "model", "train", "cluster")
+GROUPS = ("data", "model", "train", "cluster", "metrics")
 
 
 def conf_dir() -> Path:

@@ -35,6 +35,11 @@ class Reason(StrEnum):
     SEMANTIC_DUPLICATE = "semantic_duplicate"  # value = cosine to the keeper, detail = keeper id
     # caption / pack
     NO_CAPTION = "no_caption"
+    # captions and concepts (assets.ocr / captioners / rewrite / prompt_pairs)
+    OCR_ERROR = "ocr_error"  # the OCR engine could not read the image
+    TEXT_ILLEGIBLE = "text_illegible"  # value = shortest text line, px at the stage resolution
+    CAPTION_LENGTH = "caption_length"  # value = characters, detail = form and allowed range
+    NO_PROMPT = "no_prompt"  # nothing left of the caption to make a user prompt from
     PACK_ERROR = "pack_error"
     # warehouse probe stages (kiln.warehouse.probes): synthetic, for queue tests and benchmarks
     PROBE_REJECT = "probe_reject"

@@ -110,6 +110,44 @@ class CaptionRow(BaseModel):
     caption_source: str  # which captioner wrote it, honestly named
 
 
+class OCRRow(BaseModel):
+    """What the OCR stage reads (assets.ocr); boxes in source pixels of the upright image."""
+
+    ocr_text: str  # lines in reading order joined by newlines; "" when none
+    ocr_boxes: str  # JSON [[x0, y0, x1, y1, text, confidence], ...]
+    ocr_engine: str
+    contains_text: bool
+    text_area_share: F32  # union of the boxes over the image area
+    text_density: F32  # characters per 100x100 px of image
+    text_complexity: F32  # log2(1 + characters) + (lines - 1); 0 without text
+    min_text_height: F32  # px (source) of the shortest line; 0 without text
+
+
+class CaptionDecodingRow(BaseModel):
+    caption_decoding: str  # JSON: model, prompt template, generate() settings (or the lookup it came from)
+
+
+class RewriteRow(BaseModel):
+    """Every caption form, stored on every row (assets.rewrite); training samples among them."""
+
+    caption_short: str
+    caption_medium: str
+    caption_long: str
+    caption_tags: str  # comma-separated
+    caption_json: str  # a JSON object
+    rewrite_source: str
+    rewrite_decoding: str  # JSON
+
+
+class PromptPairRow(BaseModel):
+    """A short synthetic user prompt and the long caption it should expand to (assets.prompt_pairs)."""
+
+    id: str
+    prompt: str
+    target: str
+    dropped: str  # JSON list of the details the prompt left out
+
+
 class TrainRow(BaseModel):
     """One packed training example: pixels at its bucket's size, in pre-shuffled batch order."""
 
@@ -138,6 +176,10 @@ DEDUPED = arrow_schema(ManifestRow, StatsRow, DedupRow)
 EMBEDDED = arrow_schema(ManifestRow, StatsRow, DedupRow, EmbeddingRow)
 CLUSTERED = arrow_schema(ManifestRow, StatsRow, DedupRow, EmbeddingRow, ClusterRow)
 CAPTIONED = arrow_schema(ManifestRow, StatsRow, DedupRow, CaptionRow)
+OCRED = arrow_schema(ManifestRow, StatsRow, DedupRow, OCRRow)
+OCR_CAPTIONED = arrow_schema(ManifestRow, StatsRow, DedupRow, OCRRow, CaptionRow, CaptionDecodingRow)
+REWRITTEN = arrow_schema(ManifestRow, StatsRow, DedupRow, OCRRow, CaptionRow, CaptionDecodingRow, RewriteRow)
+PROMPT_PAIRS = arrow_schema(PromptPairRow)
 TRAIN = arrow_schema(TrainRow)
 REJECTED = arrow_schema(RejectRow)
 

@@ -37,6 +37,11 @@ STAGE_MODULES = {
     "filter": "assets.filters",
     "dedup": "assets.dedup",
     "caption": "assets.caption",
+    "ocr": "assets.ocr",
+    "text_filter": "assets.ocr_filter",
+    "caption_ocr": "assets.captioners",
+    "rewrite": "assets.rewrite",
+    "prompt_pairs": "assets.prompt_pairs",
     "pack": "assets.pack",
     # curation stage 2, a branch on the dedup output: embed -> classify -> sae -> cluster -> semdedup
     "embed": "assets.embed",
