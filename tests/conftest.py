@@ -15,6 +15,25 @@ os.environ.setdefault("DAGSTER_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models are overhead-bound: a second thread on a shared 2-core runner only adds contention."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def text_encoder_dir(tmp_path_factory):
+    """A tiny random BERT text encoder saved to disk, loaded by path like any HF model."""
+    from model.testing import write_tiny_text_encoder
+
+    return write_tiny_text_encoder(tmp_path_factory.mktemp("bert"))
+
+
 SLURM_SCRIPT = REPO_ROOT / "scripts" / "slurm-local.sh"
 
 

@@ -10,14 +10,6 @@ from model.sampler import sample
 from model.testing import micro_model_config, write_tiny_autoencoder_kl, write_tiny_text_encoder
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def images(n=3, h=16, w=24, seed=0):
     return np.random.default_rng(seed).integers(0, 256, (n, h, w, 3), dtype=np.uint8)
 

@@ -7,15 +7,6 @@ from model.dit import Block, DiT, DiTConfig, patchify, unpatchify
 from model.sizes import get_size
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Micro models are overhead-bound: a second thread on a shared 2-core runner only adds contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def micro(**kw) -> DiTConfig:
     s = get_size("micro")
     return DiTConfig(width=s.width, depth=s.depth, heads=s.heads, kv_heads=s.kv_heads, mlp_hidden=s.mlp_hidden, **kw)

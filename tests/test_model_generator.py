@@ -7,23 +7,10 @@ import torch
 from safetensors.torch import load_file
 
 from model.generator import Generator
-from model.testing import micro_model_config, write_tiny_text_encoder
+from model.testing import micro_model_config
 from model.text_encoder import TextBatch
 
 PROMPTS = ["a red circle", "two blue squares on the left", ""]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def text_encoder_dir(tmp_path_factory):
-    return write_tiny_text_encoder(tmp_path_factory.mktemp("bert"))
 
 
 def trained_like(gen: Generator, seed: int = 0) -> Generator:

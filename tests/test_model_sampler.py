@@ -12,14 +12,6 @@ from model.testing import micro_model_config, write_tiny_text_encoder
 PROMPTS = ["a red circle", "a blue square", "two green stars", "a yellow dot on the left"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def gen(tmp_path_factory):
     gen = Generator.build(micro_model_config(write_tiny_text_encoder(tmp_path_factory.mktemp("bert"))))
