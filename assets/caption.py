@@ -7,6 +7,7 @@ its captioner cannot describe is rejected with `no_caption`, never passed on wit
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -26,6 +27,11 @@ class Captioner(Protocol):
     def caption(self, rows: pa.Table) -> list[str | None]:
         """One caption per row, None where this captioner has nothing to say."""
         ...
+
+
+def decoding_of(captioner: Captioner) -> str:
+    """How a captioner produced its text (model, prompt, generate settings), as the JSON stored next to it."""
+    return json.dumps(getattr(captioner, "decoding", {"method": "lookup"}), sort_keys=True)
 
 
 class SceneMetadataCaptioner:
@@ -55,10 +61,14 @@ class SceneMetadataCaptioner:
 def make_captioner(cfg: CaptionConfig) -> Captioner:
     if cfg.captioner == "scene_metadata":
         return SceneMetadataCaptioner(cfg.truth)
+    if cfg.captioner == "vlm":
+        from assets.captioners import VLMCaptioner
+
+        return VLMCaptioner.from_config(cfg)
     raise ValueError(f"unknown captioner {cfg.captioner!r}")
 
 
-def caption_rows(table: pa.Table, captioner: Captioner, stage: str = "caption") -> StageOutput:
+def caption_rows(table: pa.Table, captioner: Captioner, stage: str = "caption", record_decoding: bool = False) -> StageOutput:
     """Pure core of the stage: add caption + caption_source to rows that got one, reject the others."""
     captions = captioner.caption(table)
     if len(captions) != table.num_rows:
@@ -71,7 +81,10 @@ def caption_rows(table: pa.Table, captioner: Captioner, stage: str = "caption") 
         else:
             keep.append(i)
     kept = table.take(pa.array(keep, pa.int64()))
-    for name, values in (("caption", [captions[i] for i in keep]), ("caption_source", [captioner.name] * len(keep))):
+    columns = [("caption", [captions[i] for i in keep]), ("caption_source", [captioner.name] * len(keep))]
+    if record_decoding:  # the caption_ocr stage (assets.captioners) keeps the settings next to each caption
+        columns.append(("caption_decoding", [decoding_of(captioner)] * len(keep)))
+    for name, values in columns:
         kept = kept.append_column(pa.field(name, pa.string(), nullable=False), pa.array(values, pa.string()))
     return StageOutput(kept, rejects.table())
 

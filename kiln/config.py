@@ -76,7 +76,8 @@ class CaptionConfig(Strict):
 
 class OCRConfig(Strict):
     engine: Literal["rapidocr", "tesseract"] = "rapidocr"
-    min_confidence: float = Field(0.6, ge=0, le=1, description="OCR lines below this confidence are dropped")
+    min_confidence: float = Field(0.9, ge=0, le=1, description="OCR lines below this confidence are dropped")
+    min_line_chars: int = Field(2, ge=1, description="lines with fewer letters / digits are dropped (a lone 'O' is usually a circle)")
     tesseract_upscale: int = Field(3, ge=1, description="tesseract reads small glyphs badly: upscale by this first")
     # the text filter of a low-resolution training stage
     filter_resolution: int = Field(256, ge=8, description="square side (pixel area) of the stage the text filter judges for")
@@ -248,6 +249,40 @@ class EvalConfig(Strict):
     steps: int = Field(10, ge=1, description="sampler steps for the attribute checks")
 
 
+class ParallelConfig(Strict):
+    """FSDP2 x TP layout and per-block execution options (training/parallel.py, docs/training-at-scale.md)."""
+
+    tp: int = Field(1, ge=1, description="tensor-parallel degree; dp_shard = world_size / tp")
+    sequence_parallel: bool = Field(False, description="shard the residual stream over tp along the sequence between blocks")
+    activation_checkpointing: Literal["none", "selective", "full"] = "none"
+    compile: bool = Field(False, description="torch.compile per block (CPU: single process only)")
+    float8: bool = Field(False, description="torchao float8 training on GPU (skipped with a warning when unavailable)")
+
+
+class OptimConfig(Strict):
+    name: Literal["adamw", "muon"] = "adamw"
+    muon_momentum: float = Field(0.95, ge=0, lt=1)
+    muon_nesterov: bool = True
+    muon_ns_steps: int = Field(5, ge=1, description="Newton-Schulz iterations")
+
+
+class RepaConfig(Strict):
+    """REPA / iREPA: align an intermediate block's image tokens with a frozen vision teacher's patch features."""
+
+    teacher_path: str | None = Field(None, description="an HF vision model folder; None = REPA off")
+    block: int = Field(1, ge=0, description="the DiT block whose output is aligned")
+    weight: float = Field(0.5, ge=0)
+    steps: int = Field(0, ge=0, description="REPA is on for the first `steps` optimiser steps; 0 = the whole run")
+    projector: Literal["mlp", "conv"] = Field("mlp", description="mlp: REPA; conv: iREPA (conv projector + spatial normalisation)")
+    hidden: int = Field(256, ge=1, description="projector hidden width")
+
+
+class DCPConfig(Strict):
+    every: int = Field(0, ge=0, description="save a torch.distributed.checkpoint every N steps; 0 = only at the end")
+    keep: int = Field(3, ge=1, description="keep the last K step checkpoints")
+    async_save: bool = True
+
+
 class TrainConfig(Strict):
     steps: int = Field(1500, ge=1)
     batch_size: int = Field(32, ge=1)
@@ -269,6 +304,10 @@ class TrainConfig(Strict):
     holdout: int = Field(32, ge=0, description="rows (smallest sha1(id)) kept out of training for the held-out loss")
     sample: SampleConfig = SampleConfig()
     eval: EvalConfig = EvalConfig()
+    parallel: ParallelConfig = ParallelConfig()
+    optim: OptimConfig = OptimConfig()
+    repa: RepaConfig = RepaConfig()
+    dcp: DCPConfig = DCPConfig()
 
 
 # -------------------------------------------------------------------------------------------- cluster

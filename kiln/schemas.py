@@ -148,6 +148,32 @@ class PromptPairRow(BaseModel):
     dropped: str  # JSON list of the details the prompt left out
 
 
+class ConceptCountRow(BaseModel):
+    """Coverage of one concept (assets.concepts): rows whose captions mention it, before and after weighting."""
+
+    concept: str
+    rank: int
+    rows: int
+    share: float  # rows / pool rows
+    weighted_share: float  # share of the sampling weight mass
+
+
+class ConceptWeightRow(BaseModel):
+    id: str
+    concepts: str  # JSON list of the concepts the row's captions mention, by rank
+    sampling_weight: float  # mean 1 over the pool; raised for rows of rare concepts
+
+
+class MixRow(BaseModel):
+    """One row of a dataset mix (assets.mixes): which pool row, in which part of the mix, in what order."""
+
+    id: str
+    mix: str  # pretrain | midtrain | sft
+    part: str  # the group (pretrain) or configured part (midtrain) it counts towards
+    sampling_weight: float  # from the concept coverage weights when given, else 1
+    order: int  # position in the mix's deterministic order
+
+
 class TrainRow(BaseModel):
     """One packed training example: pixels at its bucket's size, in pre-shuffled batch order."""
 
@@ -180,6 +206,9 @@ OCRED = arrow_schema(ManifestRow, StatsRow, DedupRow, OCRRow)
 OCR_CAPTIONED = arrow_schema(ManifestRow, StatsRow, DedupRow, OCRRow, CaptionRow, CaptionDecodingRow)
 REWRITTEN = arrow_schema(ManifestRow, StatsRow, DedupRow, OCRRow, CaptionRow, CaptionDecodingRow, RewriteRow)
 PROMPT_PAIRS = arrow_schema(PromptPairRow)
+CONCEPT_COUNTS = arrow_schema(ConceptCountRow)
+CONCEPT_WEIGHTS = arrow_schema(ConceptWeightRow)
+MIX = arrow_schema(MixRow)
 TRAIN = arrow_schema(TrainRow)
 REJECTED = arrow_schema(RejectRow)
 

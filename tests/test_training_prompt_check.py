@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from assets.demo_scenes import COLORS, demo_prompts, render
-from training.prompt_check import ATTRIBUTES, Expected, accuracy, check_image, expected_from_specs
+from training.prompt_check import ATTRIBUTES, CONDITIONAL_ATTRIBUTES, Expected, accuracy, check_image, expected_from_specs
 
 SPECS = demo_prompts()
 OPPOSITE = {"left": "right", "right": "left", "top": "bottom", "bottom": "top", "center": "left"}
@@ -28,7 +28,7 @@ def disc(bg, fg, cx, cy, r=7, size=32):
 @pytest.mark.parametrize("layout_seed", [0, 1, 2])
 def test_the_renderers_own_images_of_every_demo_prompt_score_one(layout_seed):
     images = np.stack([drawn(s, layout_seed) for s in SPECS])[:, None]
-    assert accuracy(images, expected_from_specs(SPECS)) == {a: 1.0 for a in (*ATTRIBUTES, "all")}
+    assert accuracy(images, expected_from_specs(SPECS)) == {a: 1.0 for a in (*ATTRIBUTES, *CONDITIONAL_ATTRIBUTES, "all")}
 
 
 def test_hand_drawn_discs_are_read_correctly():

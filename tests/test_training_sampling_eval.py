@@ -54,7 +54,7 @@ def test_evaluation_reports_held_out_loss_prompt_following_baseline_and_throughp
     assert metrics["heldout"] == {"rows": 8, "held_out": True, "timesteps": cfg.train.eval.loss_timesteps, "seed": cfg.train.eval.seed}
     for scores in (metrics, metrics["baseline"]):
         assert set(scores["heldout_loss"]) == {f"t={t:g}" for t in cfg.train.eval.loss_timesteps} | {"mean"}
-        assert set(scores["prompt_following"]) == {"color", "position", "background", "all"}
+        assert set(scores["prompt_following"]) == {"color", "shape", "count", "position", "background", "all"}
         assert all(0.0 <= v <= 1.0 for v in scores["prompt_following"].values())
     assert metrics["heldout_loss"]["mean"] < metrics["baseline"]["heldout_loss"]["mean"]
     assert metrics["throughput"]["samples_per_s"] > 0 and metrics["checkpoint"]["step"] == 20

@@ -6,6 +6,11 @@
   baseline        the same two measures for the untrained model (same config, same init seed), so the
                   numbers show what training bought
   throughput      the training run's samples/s and tokens/s (throughput.json), next to the quality
+  distribution    FID / CMMD / DINO-MMD of trained and untrained samples against the dataset's reference
+                  images (training.eval_protocol), for the extractors configured in `metrics.*`; the
+                  protocol's setup (prompts, seed, steps, CFG, dataset version, extractors) is recorded
+  history         one row per checkpoint step in out/history.csv (+ history.png, + the kept copy at
+                  `metrics.history`)
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from kiln.config import KilnConfig
 from kiln.progress import log
 from training.checkpoint import read_train_state
 from training.data import decode_pixels, holdout_ids, read_train_table
+from training.eval_protocol import evaluate_distribution, record
 from training.objective import flow_loss
 from training.plots import sample_grid
 from training.prompt_check import accuracy, expected_from_specs
@@ -95,12 +101,16 @@ def evaluate(checkpoint: Path, data_dir: Path, out: Path, cfg: KilnConfig) -> di
 
     trained = Generator.from_pretrained(checkpoint, device=runtime.device)
     trained_scores, images = score(trained, rows, cfg, height, width)
-    baseline_scores, _ = score(init_generator(trained_model, init_seed, runtime.device), rows, cfg, height, width)
+    untrained = init_generator(trained_model, init_seed, runtime.device)
+    baseline_scores, _ = score(untrained, rows, cfg, height, width)
+    distribution, distribution_setup = evaluate_distribution({"trained": trained, "baseline": untrained}, cfg, Path(data_dir), height, width, str(runtime.device))
+    trained_scores["distribution"], baseline_scores["distribution"] = distribution["trained"], distribution["baseline"]
 
     throughput_file = checkpoint / "throughput.json"
     metrics = {
         "checkpoint": {"step": state.step, "final_loss": state.final_loss, "loss_ema": state.loss_ema, "num_params": state.num_params, "bucket": state.bucket},
         "heldout": {"rows": rows.num_rows, "held_out": is_heldout, "timesteps": list(cfg.train.eval.loss_timesteps), "seed": cfg.train.eval.seed},
+        "distribution_setup": distribution_setup,
         "prompt_following_setup": {"prompts": images.shape[0], "per_prompt": images.shape[1], "steps": cfg.train.eval.steps, "cfg_scale": cfg.train.sample.cfg_scale, "seed": cfg.train.eval.seed},
         **trained_scores,
         "baseline": baseline_scores,
@@ -111,5 +121,6 @@ def evaluate(checkpoint: Path, data_dir: Path, out: Path, cfg: KilnConfig) -> di
     from assets.demo_scenes import demo_prompts
 
     sample_grid(images, [s.prompt for s in demo_prompts()]).save(out / "eval_samples.png", format="PNG")
+    record(metrics, out, cfg)
     log.info("eval: held-out loss %.4f (untrained %.4f), prompt following %s (untrained %s)", trained_scores["heldout_loss"]["mean"], baseline_scores["heldout_loss"]["mean"], trained_scores["prompt_following"], baseline_scores["prompt_following"])
     return metrics

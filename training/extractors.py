@@ -62,7 +62,12 @@ class FeatureExtractor:
 
 def load_extractor(kind: Kind, path: str | Path, device: str = "cpu") -> FeatureExtractor:
     """The extractor of one kind from a local HF folder (model + preprocessor_config.json)."""
-    from transformers import AutoImageProcessor, AutoModel, CLIPVisionModelWithProjection, Dinov2Model
+    from transformers import (
+        AutoImageProcessor,
+        AutoModel,
+        CLIPVisionModelWithProjection,
+        Dinov2Model,
+    )
 
     path = Path(path)
     if not (path / "preprocessor_config.json").exists():

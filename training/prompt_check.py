@@ -1,4 +1,4 @@
-"""A verifiable prompt-following check for the demo prompts: colour, position and background.
+"""A verifiable prompt-following check for the demo prompts: colour, shape, count, position, background.
 
 Deterministic pixel rules against the demo palette (assets.demo_scenes.COLORS), no learned judge:
   * background: the palette colour nearest the median of the image's outer ring of pixels;
@@ -6,8 +6,17 @@ Deterministic pixel rules against the demo palette (assets.demo_scenes.COLORS), 
                 pixels are nearest to; wrong if too few pixels there differ from the background;
   * position:   where the centroid of the foreground (pixels far from the background) lies: `center`
                 within a margin of the middle on both axes, else the side along the larger offset.
-Count and shape are not checked: at 32 px counted shapes touch and corners are a pixel or two, so a
-rule would be wrong about correct images (it is measured on the renderer's own images in the tests).
+  * count:      peaks of the drawn pixels' ink profile (distance from the background, summed across
+                the axis the renderer lines counted shapes up on: vertical for left/right, else
+                horizontal), smoothed and prominent by a share of its maximum; touching shapes still
+                leave a dip there;
+  * shape:      of the largest foreground blob, the share of its bounding box it fills (square ~0.9-1,
+                circle ~0.75, triangle and diamond ~0.6) and how low its centroid sits in the box
+                (a triangle's mass is in its lower half, a diamond's is centred).
+Count is checked on every prompt. Shape only on large single shapes, where the rule is right about the
+renderer's own 32 px images (measured in the tests; on small or counted shapes, 8 px across with
+corners of a pixel or two, it was wrong on 15-40% of correct images). Where shape is not checked it is
+absent from the image's result and from the accuracy's denominator.
 """
 
 from __future__ import annotations
@@ -18,7 +27,8 @@ import numpy as np
 
 from assets.demo_scenes import COLORS, POSITION_XY
 
-ATTRIBUTES = ("color", "position", "background")
+ATTRIBUTES = ("color", "position", "background")  # checked on every image
+CONDITIONAL_ATTRIBUTES = ("shape", "count")  # checked where `checkable` says the rule is reliable
 PALETTE_NAMES = tuple(COLORS)
 PALETTE = np.array([COLORS[n] for n in PALETTE_NAMES], dtype=np.float32)  # [K, 3]
 
@@ -27,6 +37,11 @@ WINDOW = 0.12  # half-side of the expected-shape window, as a share of the image
 CENTER_MARGIN = 0.125  # centroid within this (share of the side) of the middle on both axes: center (sides sit at 0.25)
 MIN_FOREGROUND = 0.01  # below this share of foreground pixels, nothing was drawn
 MIN_WINDOW_SHARE = 0.15  # share of the window that must be non-background for a colour to count as drawn there
+COUNT_SMOOTHING = 1.0  # px, Gaussian sigma on the count profile
+COUNT_PROMINENCE = 0.25  # a shape is a profile peak this share of the profile's maximum above the dips around it
+TRIANGLE_MIN_CENTROID = 0.555  # centroid depth (share of the bbox height) above which a blob is a triangle
+SQUARE_MIN_FILL = 0.86  # bbox fill above which a (non-triangle) blob is a square
+CIRCLE_MIN_FILL = 0.68  # ... above which a circle, below which a diamond
 
 
 @dataclass(frozen=True)
@@ -36,6 +51,16 @@ class Expected:
     color: str
     position: str
     background: str
+    shape: str | None = None  # None: not asked for
+    count: int | None = None
+    size: str | None = None
+
+    def checkable(self) -> dict[str, bool]:
+        """Whether shape and count can be checked reliably for this prompt (see the module docstring)."""
+        return {
+            "shape": self.shape is not None and self.size == "large" and self.count == 1,
+            "count": self.count is not None,
+        }
 
 
 def nearest_color(pixels: np.ndarray) -> np.ndarray:
@@ -86,24 +111,80 @@ def side_of(mask: np.ndarray) -> str | None:
     return "top" if dy < 0 else "bottom"
 
 
+def ink(image: np.ndarray, background_rgb: np.ndarray) -> np.ndarray:
+    """How far each pixel is from the background, in [0, 1] of the image's own range: blurred gaps
+    between touching shapes keep their in-between value instead of being rounded to a side."""
+    d = np.linalg.norm(image.astype(np.float32) - background_rgb, axis=-1)
+    return np.clip(d / max(float(np.percentile(d, 99)), 1e-6), 0, 1)
+
+
+def count_of(mask: np.ndarray, position: str) -> int:
+    """Shapes along the axis the renderer lines counted shapes up on: peaks of the mask's profile that
+    stand out by COUNT_PROMINENCE of its maximum (neighbouring shapes touch at 32 px: the profile dips
+    between them instead of reaching zero)."""
+    from scipy.ndimage import gaussian_filter1d
+    from scipy.signal import find_peaks
+
+    h, w = mask.shape
+    if mask.mean() < MIN_FOREGROUND:
+        return 0
+    vertical = position in ("left", "right") or (position == "center" and h > w)
+    profile = gaussian_filter1d(np.pad(mask.sum(axis=1 if vertical else 0).astype(np.float32), 2), COUNT_SMOOTHING)  # flat tops are noisy
+    peaks, _ = find_peaks(profile, prominence=COUNT_PROMINENCE * profile.max())
+    return len(peaks)
+
+
+def shape_of(mask: np.ndarray) -> str | None:
+    """circle / square / triangle / diamond of the largest foreground blob, or None where nothing is drawn."""
+    from scipy import ndimage
+
+    if mask.mean() < MIN_FOREGROUND:
+        return None
+    labels, n = ndimage.label(mask)
+    sizes = np.bincount(labels.ravel(), minlength=n + 1)[1:]
+    blob = labels == int(sizes.argmax()) + 1
+    ys, xs = np.nonzero(blob)
+    height, width = ys.max() - ys.min() + 1, xs.max() - xs.min() + 1
+    fill = blob.sum() / (height * width)
+    depth = (ys.mean() - ys.min() + 0.5) / height
+    if depth > TRIANGLE_MIN_CENTROID:
+        return "triangle"
+    if fill >= SQUARE_MIN_FILL:
+        return "square"
+    return "circle" if fill >= CIRCLE_MIN_FILL else "diamond"
+
+
 def check_image(image: np.ndarray, expected: Expected) -> dict[str, bool]:
-    """Per-attribute pass/fail of one uint8 [H, W, 3] image."""
+    """Per-attribute pass/fail of one uint8 [H, W, 3] image (shape / count only where checkable)."""
     bg_name, bg_rgb = background_color(image)
     fg = foreground_mask(image, bg_rgb)
-    return {
+    out = {
         "color": dominant_color(window(image, expected.position), bg_name) == expected.color,
         "position": side_of(fg) == expected.position,
         "background": bg_name == expected.background,
     }
+    checkable = expected.checkable()
+    drawn = nearest_color(image) != PALETTE_NAMES.index(bg_name)  # split halfway between palette colours: blurred neighbours stay apart
+    if checkable["shape"]:
+        out["shape"] = shape_of(drawn) == expected.shape
+    if checkable["count"]:
+        out["count"] = count_of(ink(image, bg_rgb) * drawn, expected.position) == expected.count
+    return out
 
 
 def accuracy(images: np.ndarray, expected: list[Expected]) -> dict[str, float]:
-    """Per-attribute accuracy over uint8 [P, N, H, W, 3] images (N per prompt), plus `all` (every attribute right)."""
+    """Per-attribute accuracy over uint8 [P, N, H, W, 3] images (N per prompt), plus `all` (every checked
+    attribute right). Shape and count average over the images where they are checkable, and are
+    absent when no prompt makes them checkable."""
     results = [check_image(images[i, j], e) for i, e in enumerate(expected) for j in range(images.shape[1])]
     out = {a: float(np.mean([r[a] for r in results])) for a in ATTRIBUTES}
+    for a in CONDITIONAL_ATTRIBUTES:
+        checked = [r[a] for r in results if a in r]
+        if checked:
+            out[a] = float(np.mean(checked))
     out["all"] = float(np.mean([all(r.values()) for r in results]))
     return {k: round(v, 4) for k, v in out.items()}
 
 
 def expected_from_specs(specs) -> list[Expected]:
-    return [Expected(s.color, s.position, s.background) for s in specs]
+    return [Expected(s.color, s.position, s.background, s.shape, s.count, s.size) for s in specs]

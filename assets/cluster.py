@@ -1,0 +1,369 @@
+"""The cluster stage: EMBEDDED -> CLUSTERED; hierarchical k-means (FAISS), named clusters, human review.
+
+Hierarchy, top-down: k-means on all rows gives `levels[0]` clusters, each is split by k-means into
+its share of `levels[1]`, and so on; the last level holds the leaf clusters. Every cluster nests
+inside one parent, so `balanced_sample` can draw evenly across clusters level by level (the balanced
+sampling of Vo et al. 2024, which the Krea 2 report's curation follows). Top-down rather than their
+bottom-up build because on the demo it keeps the top level aligned with the scene families
+(docs/curation-models.md has the figures).
+
+Each cluster is named by a `Namer` from the rows nearest its centroid (captions for the demo; a VLM
+elsewhere). Clusters of the review level that are flagged (all, or outliers: small or loose ones)
+are written to a review table in DuckDB (`cluster_review`), where a person marks each one approve or
+reject, from `kiln review` or by editing the table. The stage honours those decisions on its next
+run: every row of a rejected cluster is rejected with `cluster_rejected`, so it disappears from the
+next training set with the reason recorded. A decision sticks to the cluster whose centroid it was
+made on (cosine >= CENTROID_MATCH); when re-clustering moves a centroid, the cluster goes back to
+pending instead of silently inheriting a verdict about other images.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import pyarrow as pa
+
+from assets.embed import l2_normalise, matrix
+from kiln.config import ClusteringConfig, KilnConfig
+from kiln.reasons import Reason
+from kiln.schemas import CLUSTERED, EMBEDDED
+from kiln.stage import Rejects, Stage, StageOutput
+
+CENTROID_MATCH = 0.99
+DECISIONS = ("pending", "approve", "reject")
+
+
+# ----------------------------------------------------------------------------------------- k-means
+def kmeans(x: np.ndarray, k: int, niter: int, seed: int, weights: np.ndarray | None = None, threads: int = 1, nredo: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    """Spherical FAISS k-means: (centroids (k, d), label of each row). k is capped at the row count."""
+    import faiss
+
+    faiss.omp_set_num_threads(threads)
+    x = np.ascontiguousarray(x, np.float32)
+    k = max(1, min(k, len(x)))
+    km = faiss.Kmeans(x.shape[1], k, niter=niter, nredo=nredo, seed=seed, spherical=True, verbose=False,
+                      min_points_per_centroid=1, max_points_per_centroid=1 << 30)
+    km.train(x, weights=None if weights is None else np.ascontiguousarray(weights, np.float32))
+    _, labels = km.index.search(x, 1)
+    return km.centroids, labels[:, 0].astype(np.int64)
+
+
+def canonical(labels: np.ndarray) -> np.ndarray:
+    """Renumber labels 0.. in order of each cluster's first row, dropping empty ones: stable ids."""
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    return rank[inverse]
+
+
+def hierarchical_kmeans(x: np.ndarray, levels: list[int], niter: int = 25, seed: int = 0, threads: int = 1) -> list[np.ndarray]:
+    """One label array per level, coarse to fine; each finer cluster lies inside one coarser cluster.
+
+    Top-down: k-means with levels[0] clusters over all rows, then each cluster is split again, into
+    a share of the next level's clusters proportional to its size (at least one)."""
+    x = l2_normalise(x)
+    _, top = kmeans(x, levels[0], niter, seed, threads=threads)
+    out = [canonical(top)]
+    for k in levels[1:]:
+        parent = out[-1]
+        child = np.zeros(len(x), np.int64)
+        base = 0
+        for p in range(int(parent.max()) + 1):
+            rows = np.flatnonzero(parent == p)
+            k_p = max(1, min(len(rows), int(round(k * len(rows) / len(x)))))
+            _, lab = kmeans(x[rows], k_p, niter, seed, threads=threads) if k_p > 1 else (None, np.zeros(len(rows), np.int64))
+            child[rows] = base + canonical(lab)
+            base = int(child[rows].max()) + 1
+        out.append(canonical(child))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ namers
+@runtime_checkable
+class Namer(Protocol):
+    name: str
+
+    def name_cluster(self, rows: pa.Table) -> str:
+        """A short human name for a cluster, from the rows nearest its centroid."""
+        ...
+
+
+STOPWORDS = frozenset("a an the on in at of and with to is two three background".split())
+
+
+class CaptionNamer:
+    """Names a cluster by the words its nearest rows' captions share most (the demo's namer)."""
+
+    def __init__(self, cfg: KilnConfig, words: int = 4):
+        from assets.caption import make_captioner
+
+        self.captioner = make_captioner(cfg.data.caption)
+        self.name = f"captions:{self.captioner.name}"
+        self.words = words
+
+    def name_cluster(self, rows: pa.Table) -> str:
+        captions = [c for c in self.captioner.caption(rows) if c]
+        if not captions:
+            return "(no captions)"
+        counts = Counter(w for c in captions for w in sorted(set(c.lower().replace(",", " ").split())) if w not in STOPWORDS)
+        top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: self.words]
+        return " ".join(w for w, _ in top)
+
+
+def make_namer(cfg: KilnConfig) -> Namer:
+    if cfg.data.clustering.namer == "captions":
+        return CaptionNamer(cfg)
+    raise ValueError(f"unknown namer {cfg.data.clustering.namer!r}")
+
+
+# --------------------------------------------------------------------------------------- summaries
+@dataclass(frozen=True)
+class ClusterInfo:
+    level: int
+    cluster: int
+    size: int
+    cohesion: float  # mean cosine of members to the centroid
+    centroid: np.ndarray
+    nearest: list[str]  # ids nearest the centroid, nearest first
+    name: str = ""
+    flag_reason: str = ""
+
+
+def summarise(x: np.ndarray, ids: list[str], labels: np.ndarray, level: int, n_nearest: int) -> list[ClusterInfo]:
+    out = []
+    for c in range(int(labels.max()) + 1 if len(labels) else 0):
+        members = np.flatnonzero(labels == c)
+        cent = l2_normalise(x[members].mean(0))
+        cos = x[members] @ cent
+        order = np.lexsort((np.array([ids[m] for m in members]), -cos))[:n_nearest]
+        out.append(ClusterInfo(level, c, len(members), float(cos.mean()), cent, [ids[members[o]] for o in order]))
+    return out
+
+
+def flag_reason(info: ClusterInfo, cfg: ClusteringConfig) -> str:
+    if cfg.flag == "all":
+        return "review all"
+    if info.size < cfg.flag_min_size:
+        return f"small: {info.size} < {cfg.flag_min_size}"
+    if info.cohesion < cfg.flag_max_cohesion:
+        return f"loose: cohesion {info.cohesion:.3f} < {cfg.flag_max_cohesion}"
+    return ""
+
+
+# ------------------------------------------------------------------------------------ review table
+REVIEW_DDL = """
+CREATE TABLE IF NOT EXISTS cluster_review (
+    level INTEGER, cluster INTEGER, name VARCHAR, size INTEGER, cohesion DOUBLE, flag_reason VARCHAR,
+    nearest_ids VARCHAR, centroid BLOB, decision VARCHAR DEFAULT 'pending', note VARCHAR DEFAULT '',
+    PRIMARY KEY (level, cluster))
+"""
+
+
+def connect(db: Path | str):
+    import duckdb
+
+    Path(db).parent.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect(str(db))
+    con.execute(REVIEW_DDL)
+    return con
+
+
+def sync_review(db: Path | str, clusters: list[ClusterInfo]) -> dict[int, tuple[str, str]]:
+    """Upsert flagged clusters, keep decisions whose centroid still matches; return cluster -> (decision, name)
+    for every cluster of the given level that has a live decision in the table."""
+    con = connect(db)
+    try:
+        live: dict[int, tuple[str, str]] = {}
+        for info in clusters:
+            row = con.execute("SELECT centroid, decision, note FROM cluster_review WHERE level = ? AND cluster = ?", [info.level, info.cluster]).fetchone()
+            same = False
+            if row is not None and len(row[0]) == 4 * len(info.centroid):
+                same = float(np.frombuffer(row[0], np.float32) @ info.centroid) >= CENTROID_MATCH
+            if not info.flag_reason and not same:
+                continue  # not flagged, nothing reviewed for it
+            decision, note = (row[1], row[2]) if same else ("pending", "")
+            con.execute(
+                "INSERT OR REPLACE INTO cluster_review VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [info.level, info.cluster, info.name, info.size, info.cohesion, info.flag_reason or "reviewed",
+                 json.dumps(info.nearest), info.centroid.astype(np.float32).tobytes(), decision, note],
+            )
+            live[info.cluster] = (decision, info.name)
+        return live
+    finally:
+        con.close()
+
+
+def set_decision(db: Path | str, level: int, cluster: int, decision: str, note: str = "") -> None:
+    if decision not in DECISIONS:
+        raise ValueError(f"decision must be one of {DECISIONS}, got {decision!r}")
+    con = connect(db)
+    try:
+        n = con.execute("SELECT count(*) FROM cluster_review WHERE level = ? AND cluster = ?", [level, cluster]).fetchone()[0]
+        if not n:
+            raise KeyError(f"no cluster {level}:{cluster} in the review table {db}")
+        con.execute("UPDATE cluster_review SET decision = ?, note = ? WHERE level = ? AND cluster = ?", [decision, note, level, cluster])
+    finally:
+        con.close()
+
+
+def review_rows(db: Path | str) -> list[dict]:
+    con = connect(db)
+    try:
+        cur = con.execute("SELECT level, cluster, name, size, cohesion, flag_reason, decision, note FROM cluster_review ORDER BY level, cluster")
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r)) for r in cur.fetchall()]
+    finally:
+        con.close()
+
+
+# ------------------------------------------------------------------------------------------- stage
+def cluster_rows(table: pa.Table, cfg: KilnConfig, namer: Namer | None = None, stage: str = "cluster") -> tuple[StageOutput, list[list[ClusterInfo]]]:
+    """Cluster, name, sync the review table, reject rows of rejected clusters. Also returns the summaries."""
+    c = cfg.data.clustering
+    if c.review_level >= len(c.levels):
+        raise ValueError(f"data.clustering.review_level={c.review_level} but there are {len(c.levels)} levels")
+    rejects = Rejects(stage)
+    if table.num_rows == 0:
+        return StageOutput(CLUSTERED.empty_table(), rejects.table()), []
+    x = matrix(table)
+    ids, uris = table.column("id").to_pylist(), table.column("uri").to_pylist()
+    labels = hierarchical_kmeans(x, c.levels, c.niter, c.seed, c.threads)
+    namer = namer or make_namer(cfg)
+    row_of = {id_: i for i, id_ in enumerate(ids)}
+    summaries = []
+    for level, lab in enumerate(labels):
+        infos = summarise(x, ids, lab, level, c.name_n)
+        infos = [
+            ClusterInfo(**{**i.__dict__, "name": namer.name_cluster(table.take(pa.array([row_of[n] for n in i.nearest]))),
+                           "flag_reason": flag_reason(i, c) if level == c.review_level else ""})
+            for i in infos
+        ]
+        summaries.append(infos)
+    decisions = sync_review(c.review_db, summaries[c.review_level])
+    review_lab = labels[c.review_level]
+    keep = []
+    for r in range(table.num_rows):
+        decision, name = decisions.get(int(review_lab[r]), ("", ""))
+        if decision == "reject":
+            rejects.add(ids[r], uris[r], Reason.CLUSTER_REJECTED, float(review_lab[r]), f"level {c.review_level} cluster {review_lab[r]}: {name}")
+        else:
+            keep.append(r)
+    leaf = labels[-1]
+    leaf_cent = l2_normalise(np.stack([x[leaf == k].mean(0) for k in range(int(leaf.max()) + 1)]))
+    path = [".".join(str(int(lab[r])) for lab in labels) for r in range(table.num_rows)]
+    cos = np.einsum("nd,nd->n", x, leaf_cent[leaf])
+    kept = table.take(pa.array(keep, pa.int64()))
+    idx = np.array(keep, np.int64)
+    kept = kept.append_column(pa.field("cluster_path", pa.string(), nullable=False), pa.array([path[i] for i in keep], pa.string()))
+    kept = kept.append_column(pa.field("leaf", pa.int32(), nullable=False), pa.array(leaf[idx].astype(np.int32), pa.int32()))
+    kept = kept.append_column(pa.field("leaf_cosine", pa.float32(), nullable=False), pa.array(cos[idx].astype(np.float32), pa.float32()))
+    return StageOutput(kept, rejects.table()), summaries
+
+
+def cluster_stage(table: pa.Table, cfg: KilnConfig) -> StageOutput:
+    return cluster_rows(table, cfg)[0]
+
+
+STAGE = Stage("cluster", cluster_stage, input_schema=EMBEDDED, output_schema=CLUSTERED, scope="global")
+
+
+# --------------------------------------------------------------------------------- sampling, views
+def level_labels(table: pa.Table, level: int) -> np.ndarray:
+    return np.array([int(p.split(".")[level]) for p in table.column("cluster_path").to_pylist()], np.int64)
+
+
+def _share(n: int, sizes: list[int]) -> list[int]:
+    """Split n as evenly as possible across groups capped at their sizes (water filling)."""
+    take = [0] * len(sizes)
+    left = min(n, sum(sizes))
+    while left:
+        open_ = [i for i, s in enumerate(sizes) if take[i] < s]
+        each = max(1, left // len(open_))
+        for i in open_:
+            step = min(each, sizes[i] - take[i], left)
+            take[i] += step
+            left -= step
+            if not left:
+                break
+    return take
+
+
+def balanced_sample(table: pa.Table, n: int, seed: int = 0) -> pa.Table:
+    """n rows spread evenly over the clusters of every level in turn (a CLUSTERED table), deterministic."""
+    import hashlib
+
+    paths = [p.split(".") for p in table.column("cluster_path").to_pylist()]
+    ids = table.column("id").to_pylist()
+    key = [hashlib.sha1(f"{seed}:{i}".encode()).hexdigest() for i in ids]
+    n_levels = len(paths[0]) if paths else 0
+
+    def pick(rows: list[int], depth: int, k: int) -> list[int]:
+        if depth == n_levels:
+            return sorted(rows, key=lambda r: key[r])[:k]
+        groups: dict[int, list[int]] = {}
+        for r in rows:
+            groups.setdefault(int(paths[r][depth]), []).append(r)
+        order = sorted(groups)
+        shares = _share(k, [len(groups[g]) for g in order])
+        return [r for g, s in zip(order, shares) for r in pick(groups[g], depth + 1, s)]
+
+    chosen = sorted(pick(list(range(table.num_rows)), 0, n))
+    return table.take(pa.array(chosen, pa.int64()))
+
+
+def cluster_grid(table: pa.Table, level: int, cluster: int, n: int = 16, cell: int = 64, cols: int = 8):
+    """The cluster's rows nearest its centroid as one image grid (for Dagster metadata and review)."""
+    from assets.imageio import open_rgb
+    from kiln.uri import read_bytes
+    from kiln.viz import image_grid
+
+    members = np.flatnonzero(level_labels(table, level) == cluster)
+    if not len(members):
+        raise KeyError(f"no rows in level {level} cluster {cluster}")
+    x = matrix(table.take(pa.array(members)))
+    cos = x @ l2_normalise(x.mean(0))
+    order = members[np.argsort(-cos, kind="stable")[:n]]
+    uris = table.column("uri").to_pylist()
+    return image_grid([open_rgb(read_bytes(uris[i])) for i in order], cols=min(cols, len(order)), cell=cell)
+
+
+def purity(labels: np.ndarray, truth: list) -> float:
+    """Share of rows whose cluster's majority truth label is their own."""
+    truth = np.asarray(truth, dtype=object)
+    return float(sum(Counter(truth[labels == c]).most_common(1)[0][1] for c in np.unique(labels)) / len(labels))
+
+
+# --------------------------------------------------------------------------------------------- CLI
+def add_review_parser(subparsers) -> argparse.ArgumentParser:
+    r = subparsers.add_parser("review", help="list clusters flagged for review, or approve / reject one")
+    r.add_argument("action", choices=["list", "approve", "reject", "pending"])
+    r.add_argument("cluster", nargs="?", help="LEVEL:CLUSTER, or CLUSTER at the review level")
+    r.add_argument("--note", default="")
+    r.add_argument("--db", default=None, help="review DuckDB file (default: data.clustering.review_db)")
+    r.add_argument("overrides", nargs="*")
+    r.set_defaults(fn=review_cli)
+    return r
+
+
+def review_cli(args: argparse.Namespace) -> int:
+    from kiln.config import load_config
+
+    c = load_config(list(getattr(args, "overrides", []) or [])).data.clustering
+    db = args.db or c.review_db
+    if args.action == "list":
+        for row in review_rows(db):
+            print(f"{row['level']}:{row['cluster']:<4} {row['decision']:<8} size {row['size']:<5} {row['name']!r}  [{row['flag_reason']}] {row['note']}")
+        return 0
+    if not args.cluster:
+        print("kiln review: which cluster? (LEVEL:CLUSTER)")
+        return 2
+    level, cluster = (args.cluster.split(":", 1) if ":" in args.cluster else (c.review_level, args.cluster))
+    set_decision(db, int(level), int(cluster), args.action, args.note)
+    print(f"{level}:{cluster} -> {args.action}; the next cluster stage run honours it")
+    return 0

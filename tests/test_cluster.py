@@ -1,0 +1,111 @@
+"""Hierarchical k-means: nested levels, named clusters, human review that the next run honours."""
+
+import argparse
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from sklearn.metrics import adjusted_rand_score
+
+from assets.cluster import (add_review_parser, balanced_sample, cluster_grid, hierarchical_kmeans, level_labels, purity,
+                            review_cli, review_rows)
+from kiln.config import load_config
+from kiln.reasons import Reason
+from kiln.schemas import CLUSTERED
+from kiln.stage import read_dataset, run_stage
+from test_embed import demo_embedded  # noqa: F401  (fixture)
+
+torch.set_num_threads(1)
+
+
+def blobs(centres: int, per: int, dim: int = 16, seed: int = 0, spread: float = 0.05):
+    rng = np.random.default_rng(seed)
+    c = rng.normal(size=(centres, dim))
+    x = np.repeat(c, per, 0) + spread * rng.normal(size=(centres * per, dim))
+    return x.astype(np.float32), np.repeat(np.arange(centres), per)
+
+
+def test_levels_nest_and_recover_planted_groups():
+    x, truth = blobs(4, 50)
+    labels = hierarchical_kmeans(x, [4, 8, 16], niter=20, seed=0)
+    assert [int(lab.max()) + 1 for lab in labels] == [4, 8, 16]
+    assert adjusted_rand_score(truth, labels[0]) == 1.0
+    for coarse, fine in zip(labels, labels[1:]):  # every finer cluster sits inside one coarser cluster
+        assert all(len(np.unique(coarse[fine == c])) == 1 for c in np.unique(fine))
+
+
+def test_clustering_is_deterministic():
+    x, _ = blobs(5, 30, seed=3, spread=0.5)
+    a = hierarchical_kmeans(x, [3, 9], seed=7)
+    b = hierarchical_kmeans(x, [3, 9], seed=7)
+    assert all(np.array_equal(p, q) for p, q in zip(a, b))
+
+
+def cfg_for(overrides):
+    return load_config([*overrides, "data.clustering.flag=all"])
+
+
+def test_demo_clusters_separate_the_scene_families(demo_embedded, tmp_path):
+    overrides, root = demo_embedded
+    run_stage("cluster", root / "embedded", tmp_path / "clustered", cfg_for([*overrides, f"data.clustering.review_db={tmp_path / 'r.duckdb'}"]))
+    kept = read_dataset(tmp_path / "clustered" / "kept")
+    assert kept.schema.equals(CLUSTERED)
+    truth = pq.read_table(root / "raw" / "truth.parquet").to_pandas().drop_duplicates("md5").set_index("md5")
+    family = truth.loc[kept.column("md5").to_pylist(), "family"].tolist()
+    top = level_labels(kept, 0)
+    print("demo level-0 purity", purity(top, family), "ARI", adjusted_rand_score(family, top))
+    assert purity(top, family) >= 0.75  # chance (the largest family's share) is about 0.4
+    assert purity(level_labels(kept, 2), family) >= 0.9
+
+
+def test_rejected_cluster_disappears_from_the_next_run_with_its_reason(demo_embedded, tmp_path):
+    overrides, root = demo_embedded
+    db = tmp_path / "review.duckdb"
+    cfg = cfg_for([*overrides, f"data.clustering.review_db={db}"])
+    first = run_stage("cluster", root / "embedded", tmp_path / "c1", cfg)
+    assert first.rejected == 0
+    rows = review_rows(db)
+    assert rows and {r["decision"] for r in rows} == {"pending"} and all(r["name"] for r in rows)
+
+    parser = argparse.ArgumentParser()
+    add_review_parser(parser.add_subparsers(dest="command"))
+    target = max(rows, key=lambda r: r["size"])
+    args = parser.parse_args(["review", "reject", f"0:{target['cluster']}", "--db", str(db), "--note", "not for training"])
+    assert review_cli(args) == 0
+
+    second = run_stage("cluster", root / "embedded", tmp_path / "c2", cfg)
+    assert second.by_reason == {Reason.CLUSTER_REJECTED: target["size"]}
+    rejected = read_dataset(tmp_path / "c2" / "rejected")
+    assert set(rejected.column("detail").to_pylist()) == {f"level 0 cluster {target['cluster']}: {target['name']}"}
+    gone = set(rejected.column("id").to_pylist())
+    run_stage("semdedup", tmp_path / "c2", tmp_path / "s2", cfg)  # the branch's kept set, what caption reads next
+    assert not gone & set(read_dataset(tmp_path / "s2" / "kept").column("id").to_pylist())
+    assert {r["decision"] for r in review_rows(db) if r["cluster"] == target["cluster"]} == {"reject"}
+
+    args = parser.parse_args(["review", "approve", str(target["cluster"]), "--db", str(db)])
+    assert review_cli(args) == 0
+    assert run_stage("cluster", root / "embedded", tmp_path / "c3", cfg).rejected == 0
+
+
+def test_outlier_flagging_writes_only_small_or_loose_clusters(demo_embedded, tmp_path):
+    overrides, root = demo_embedded
+    db = tmp_path / "r.duckdb"
+    cfg = load_config([*overrides, f"data.clustering.review_db={db}", "data.clustering.flag=outliers",
+                       "data.clustering.flag_min_size=15", "data.clustering.flag_max_cohesion=-1"])
+    run_stage("cluster", root / "embedded", tmp_path / "c", cfg)
+    assert all(r["size"] < 15 and r["flag_reason"].startswith("small") for r in review_rows(db))
+
+
+def test_balanced_sample_spreads_over_clusters(demo_embedded, tmp_path):
+    overrides, root = demo_embedded
+    run_stage("cluster", root / "embedded", tmp_path / "c", cfg_for([*overrides, f"data.clustering.review_db={tmp_path / 'r.duckdb'}"]))
+    kept = read_dataset(tmp_path / "c" / "kept")
+    sample = balanced_sample(kept, 32, seed=0)
+    assert sample.num_rows == 32 and sample.equals(balanced_sample(kept, 32, seed=0))
+    sizes = np.bincount(level_labels(kept, 0))
+    got = np.bincount(level_labels(sample, 0), minlength=len(sizes))
+    fair = np.minimum(sizes, 32 // len(sizes))
+    assert (got >= fair).all()  # every top cluster gets its even share (or all it has)
+    img = cluster_grid(kept, 0, 0, n=8)
+    assert img.size[0] > 0
