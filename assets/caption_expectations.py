@@ -1,18 +1,17 @@
 """great-expectations suites over the caption branch: OCR, OCR-grounded captions, rewrites, pairs, weights, mixes.
 
 Same shape as assets.expectations (pure functions; Dagster asset checks and tests call
-`validate_caption_dataset` alike). The checks the issue asks for: every kept row has every caption
+`assets.expectations.validate_dataset` alike, which finds these suites by name). The checks the issue asks for: every kept row has every caption
 form, no caption form leaks a file path, lengths fall within the configured ranges.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pyarrow as pa
 
-from assets.expectations import ExpectationOutcome, SuiteResult
+from assets.expectations import SuiteResult, run_suite
 from kiln.config import KilnConfig
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
@@ -75,35 +74,4 @@ def _expectations(dataset: str, cfg: KilnConfig) -> list:
 
 
 def validate_caption_table(table: pa.Table, dataset: str, cfg: KilnConfig) -> SuiteResult:
-    """Run one caption-branch suite over a table (ephemeral great-expectations context, pandas engine)."""
-    import great_expectations as gx
-    from great_expectations.data_context.types.base import ProgressBarsConfig
-
-    keep = [f.name for f in table.schema if not (pa.types.is_binary(f.type) or pa.types.is_fixed_size_binary(f.type))]
-    df = table.select(keep).to_pandas()
-    if df.empty:
-        return SuiteResult(dataset, True, [])
-    ctx = gx.get_context(mode="ephemeral")
-    ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
-    batch = ctx.data_sources.add_pandas("kiln").add_dataframe_asset(dataset).add_batch_definition_whole_dataframe("all")
-    suite = ctx.suites.add(gx.ExpectationSuite(name=dataset, expectations=_expectations(dataset, cfg)))
-    res = ctx.validation_definitions.add(gx.ValidationDefinition(name=dataset, data=batch, suite=suite)).run(batch_parameters={"dataframe": df})
-    outcomes = []
-    for r in res.results:
-        conf = r.expectation_config
-        observed = r.result.get("unexpected_percent", r.result.get("observed_value", ""))
-        outcomes.append(ExpectationOutcome(conf.type, conf.kwargs.get("column"), bool(r.success), str(observed)))
-    return SuiteResult(dataset, bool(res.success), outcomes)
-
-
-def validate_caption_dataset(folder: Path, dataset: str, cfg: KilnConfig) -> SuiteResult:
-    """A stage output folder (its kept rows), a mix folder, or a single Parquet file (weights.parquet)."""
-    import pyarrow.parquet as pq
-
-    from kiln.stage import read_dataset
-
-    folder = Path(folder)
-    if folder.is_file():
-        return validate_caption_table(pq.read_table(folder), dataset, cfg)
-    sub = folder / "kept" if (folder / "kept").is_dir() else folder
-    return validate_caption_table(read_dataset(sub), dataset, cfg)
+    return run_suite(table, dataset, _expectations(dataset, cfg))

@@ -81,27 +81,27 @@ def _expectations(dataset: str, cfg: KilnConfig) -> list:
         E.ExpectColumnValuesToBeInSet(column="reason", value_set=[r.value for r in Reason]),
     ]
     suites = {"manifest": manifest, "filtered": filtered, "deduped": deduped, "captioned": captioned, "train_set": train, "rejected": rejected}
-    if dataset not in suites:
-        raise KeyError(f"no expectation suite for {dataset!r}; suites: {sorted(suites)}")
-    return suites[dataset]
+    if dataset in suites:
+        return suites[dataset]
+    from assets import caption_expectations  # the caption branch's suites
+
+    return caption_expectations._expectations(dataset, cfg)
 
 
-def validate_table(table: pa.Table, dataset: str, cfg: KilnConfig) -> SuiteResult:
-    """Run the dataset's suite over a table with great-expectations (ephemeral context, pandas engine)."""
+def run_suite(table: pa.Table, dataset: str, expectations: list) -> SuiteResult:
+    """Run expectations over a table with great-expectations (ephemeral context, pandas engine)."""
     import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
 
-    keep = [n for n in table.column_names if not pa.types.is_binary(table.schema.field(n).type) and not pa.types.is_fixed_size_binary(table.schema.field(n).type)]
+    keep = [f.name for f in table.schema if not (pa.types.is_binary(f.type) or pa.types.is_fixed_size_binary(f.type))]
     df = table.select(keep).to_pandas()
     if df.empty:
         return SuiteResult(dataset, True, [])
-    from great_expectations.data_context.types.base import ProgressBarsConfig
-
     ctx = gx.get_context(mode="ephemeral")
     ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
     batch = ctx.data_sources.add_pandas("kiln").add_dataframe_asset(dataset).add_batch_definition_whole_dataframe("all")
-    suite = ctx.suites.add(gx.ExpectationSuite(name=dataset, expectations=_expectations(dataset, cfg)))
-    vd = ctx.validation_definitions.add(gx.ValidationDefinition(name=dataset, data=batch, suite=suite))
-    res = vd.run(batch_parameters={"dataframe": df})
+    suite = ctx.suites.add(gx.ExpectationSuite(name=dataset, expectations=expectations))
+    res = ctx.validation_definitions.add(gx.ValidationDefinition(name=dataset, data=batch, suite=suite)).run(batch_parameters={"dataframe": df})
     outcomes = []
     for r in res.results:
         conf = r.expectation_config
@@ -110,9 +110,18 @@ def validate_table(table: pa.Table, dataset: str, cfg: KilnConfig) -> SuiteResul
     return SuiteResult(dataset, bool(res.success), outcomes)
 
 
+def validate_table(table: pa.Table, dataset: str, cfg: KilnConfig) -> SuiteResult:
+    return run_suite(table, dataset, _expectations(dataset, cfg))
+
+
 def validate_dataset(folder: Path, dataset: str, cfg: KilnConfig) -> SuiteResult:
-    """Validate a stage output folder's kept rows (or a `rejected` folder with dataset='rejected')."""
+    """Validate a stage output folder's kept rows, a plain dataset folder, or one Parquet file."""
+    import pyarrow.parquet as pq
+
     from kiln.stage import read_dataset
 
+    folder = Path(folder)
+    if folder.is_file():
+        return validate_table(pq.read_table(folder), dataset, cfg)
     sub = folder / "kept" if (folder / "kept").is_dir() else folder
     return validate_table(read_dataset(sub), dataset, cfg)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
@@ -14,14 +15,35 @@ from dagster_project.resources import KilnResource
 from slurm.arrays import run_stage_array
 from kiln.viz import markdown_image
 
-# (asset key, stage name, upstream asset key, upstream folder (None = the asset's own folder), group)
-DATA_STAGES = [
-    ("manifest", "ingest", "raw_images", "raw/images", "curation"),
-    ("filtered", "filter", "manifest", None, "curation"),
-    ("deduped", "dedup", "filtered", None, "curation"),
-    ("captioned", "caption", "deduped", None, "captions"),
-    ("train_set", "pack", "captioned", None, "training"),
+@dataclass(frozen=True)
+class StageAsset:
+    """One `kiln stage` run as an asset: its key, stage, upstream asset and great-expectations suite."""
+
+    key: str
+    stage: str
+    upstream: str
+    group: str
+    suite: str
+    upstream_dir: str | None = None  # default: the upstream asset's own folder
+
+
+MAIN_STAGES = [
+    StageAsset("manifest", "ingest", "raw_images", "curation", "manifest", upstream_dir="raw/images"),
+    StageAsset("filtered", "filter", "manifest", "curation", "filtered"),
+    StageAsset("deduped", "dedup", "filtered", "curation", "deduped"),
+    StageAsset("captioned", "caption", "deduped", "captions", "captioned"),
+    StageAsset("train_set", "pack", "captioned", "training", "train_set"),
 ]
+# The caption branch of issue 5: OCR-grounded captions and their rewrites (not in `kiln run`'s default job:
+# OCR costs about a second per image on CPU).
+CAPTION_BRANCH = [
+    StageAsset("ocr", "ocr", "deduped", "captions_ocr", "ocred"),
+    StageAsset("text_filtered", "text_filter", "ocr", "captions_ocr", "ocred"),
+    StageAsset("captioned_ocr", "caption_ocr", "text_filtered", "captions_ocr", "ocr_captioned"),
+    StageAsset("rewritten", "rewrite", "captioned_ocr", "captions_ocr", "rewritten"),
+    StageAsset("prompt_pairs", "prompt_pairs", "rewritten", "captions_ocr", "prompt_pairs"),
+]
+DATA_STAGES = MAIN_STAGES + CAPTION_BRANCH
 
 
 @dg.asset(group_name="curation", kinds={"python", "image"}, description="The raw image pool: the procedural demo corpus with its ground-truth sidecar.")
@@ -46,15 +68,16 @@ def raw_images(kiln: KilnResource) -> dg.MaterializeResult:
     return dg.MaterializeResult(metadata=md)
 
 
-def _stage_asset(key: str, stage: str, upstream: str, upstream_dir: str | None, group: str) -> dg.AssetsDefinition:
+def _stage_asset(sa: StageAsset) -> dg.AssetsDefinition:
+    key, stage, upstream = sa.key, sa.stage, sa.upstream
     extra: Callable[[Path], str | None] | None = dedup_groups_grid if stage == "dedup" else None
 
-    @dg.asset(name=key, deps=[upstream], group_name=group, kinds={"python", "parquet"}, description=f"`kiln stage {stage}` over {upstream}: kept rows + rejected rows with reasons.")
+    @dg.asset(name=key, deps=[upstream], group_name=sa.group, kinds={"python", "parquet"}, description=f"`kiln stage {stage}` over {upstream}: kept rows + rejected rows with reasons.")
     def _asset(context, kiln: KilnResource) -> dg.MaterializeResult:
         cfg = kiln.config()
         out = kiln.path(key)
         # In-process on the local profile; one Slurm array task per shard on a Slurm profile.
-        summary = run_stage_array(stage, kiln.path(upstream_dir or upstream), out, cfg, log=context.log.info)
+        summary = run_stage_array(stage, kiln.path(sa.upstream_dir or upstream), out, cfg, log=context.log.info)
         md = stage_metadata(summary, out)
         if extra and (grid := extra(out)):
             md["duplicate_groups"] = dg.MetadataValue.md(grid)
@@ -63,7 +86,7 @@ def _stage_asset(key: str, stage: str, upstream: str, upstream_dir: str | None, 
     return _asset
 
 
-stage_assets = [_stage_asset(*s) for s in DATA_STAGES]
+stage_assets = [_stage_asset(sa) for sa in DATA_STAGES]
 
 
 @dg.asset(deps=["train_set"], group_name="training", kinds={"pytorch", "safetensors"}, description="The pretrained DiT: safetensors weights + config, with its loss curve.")
@@ -130,4 +153,26 @@ def _scalars(d: dict, prefix: str = "") -> dict:
     return out
 
 
-all_assets = [raw_images, *stage_assets, checkpoint, samples, evaluation]
+@dg.asset(deps=["rewritten"], group_name="captions_ocr", kinds={"duckdb"}, description="Concept coverage of the captions: per-concept counts, sampling weights that raise rare concepts, a plot.")
+def coverage(kiln: KilnResource) -> dg.MaterializeResult:
+    from assets.concepts import write_coverage
+
+    out = kiln.path("coverage")
+    report = write_coverage(kiln.path("rewritten"), out, kiln.config().data.concepts)
+    md = {**_scalars(report), "path": dg.MetadataValue.path(str(out))}
+    if (out / "coverage.png").exists():
+        md["coverage_plot"] = dg.MetadataValue.md(markdown_image((out / "coverage.png").read_bytes(), "coverage"))
+    return dg.MaterializeResult(metadata=md)
+
+
+@dg.asset(deps=["rewritten", "coverage"], group_name="captions_ocr", kinds={"duckdb", "parquet"}, description="Pretraining, midtraining and SFT mixes as DuckDB queries over the pool, proportions recorded.")
+def mixes(kiln: KilnResource) -> dg.MaterializeResult:
+    from assets.mixes import write_mixes
+
+    out = kiln.path("mixes")
+    meta = write_mixes(kiln.path("rewritten"), out, kiln.config().data.mixes, kiln.path("coverage") / "weights.parquet")
+    return dg.MaterializeResult(metadata={"mixes": dg.MetadataValue.json(meta), "path": dg.MetadataValue.path(str(out))})
+
+
+MAIN_ASSETS = [raw_images, *stage_assets[: len(MAIN_STAGES)], checkpoint, samples, evaluation]
+all_assets = [*MAIN_ASSETS, *stage_assets[len(MAIN_STAGES) :], coverage, mixes]

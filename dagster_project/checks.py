@@ -12,9 +12,6 @@ from dagster_project.assets import DATA_STAGES
 from dagster_project.resources import KilnResource
 from kiln.stage import Summary, shard_paths
 
-SUITES = {"manifest": "manifest", "filtered": "filtered", "deduped": "deduped", "captioned": "captioned", "train_set": "train_set"}
-
-
 def count_rows(dataset: Path) -> int:
     return sum(pq.read_metadata(p).num_rows for p in shard_paths(dataset))
 
@@ -58,6 +55,4 @@ def _expectations_check(key: str, suite: str) -> dg.AssetChecksDefinition:
     return _check
 
 
-all_checks = [_accounting_check(key, upstream) for key, _, upstream, _, _ in DATA_STAGES] + [
-    _expectations_check(key, SUITES[key]) for key, *_ in DATA_STAGES
-]
+all_checks = [_accounting_check(sa.key, sa.upstream) for sa in DATA_STAGES] + [_expectations_check(sa.key, sa.suite) for sa in DATA_STAGES]

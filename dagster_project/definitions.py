@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import dagster as dg
 
-from dagster_project.assets import all_assets
+from dagster_project.assets import CAPTION_BRANCH, MAIN_ASSETS, all_assets
 from dagster_project.checks import all_checks
 from dagster_project.resources import KilnResource
 from dagster_project.sensors import slurm_jobs
 
-everything = dg.define_asset_job("everything", selection=dg.AssetSelection.all(), description="raw images to an evaluated checkpoint")
+main = dg.define_asset_job("main", selection=dg.AssetSelection.assets(*MAIN_ASSETS), description="raw images to an evaluated checkpoint (what `kiln run` materializes)")
+caption_branch = dg.define_asset_job(
+    "caption_branch",
+    selection=dg.AssetSelection.assets(*[sa.key for sa in CAPTION_BRANCH], "coverage", "mixes"),
+    description="OCR -> OCR-grounded captions -> rewrites, prompt pairs, concept coverage, mixes",
+)
 
-defs = dg.Definitions(assets=all_assets, asset_checks=all_checks, jobs=[everything], sensors=[slurm_jobs], resources={"kiln": KilnResource()})
+defs = dg.Definitions(assets=all_assets, asset_checks=all_checks, jobs=[main, caption_branch], sensors=[slurm_jobs], resources={"kiln": KilnResource()})

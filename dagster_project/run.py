@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from dagster_project.assets import all_assets
+from dagster_project.assets import MAIN_ASSETS, all_assets
 from dagster_project.checks import all_checks
 from dagster_project.resources import KilnResource
 from kiln.paths import data_dir
@@ -25,9 +25,13 @@ def dagster_home() -> Path:
     return home
 
 
-def materialize_all(overrides: list[str] | None = None, select: list[str] | None = None) -> bool:
+def materialize_all(overrides: list[str] | None = None, select: list[str] | None = None, everything: bool = False) -> bool:
+    """The main job by default (raw images to an evaluated checkpoint); `select` names assets; `everything` adds the branches."""
     dagster_home()
-    selection = dg.AssetSelection.assets(*[dg.AssetKey(k) for k in select]) if select else dg.AssetSelection.all()
+    if everything:
+        selection = dg.AssetSelection.all()
+    else:
+        selection = dg.AssetSelection.assets(*([dg.AssetKey(k) for k in select] if select else MAIN_ASSETS))
     result = dg.materialize(
         [*all_assets, *all_checks],
         selection=selection,

@@ -68,7 +68,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from dagster_project.run import materialize_all
 
-    return 0 if materialize_all(args.overrides, select=args.select) else 1
+    return 0 if materialize_all(args.overrides, select=args.select, everything=args.all) else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=cmd_eval)
 
     r = sub.add_parser("run", help="materialize the whole asset graph through Dagster")
-    r.add_argument("--select", nargs="*", default=None, help="asset keys (default: all)")
+    r.add_argument("--select", nargs="*", default=None, help="asset keys (default: the main job, raw images to the evaluation)")
+    r.add_argument("--all", action="store_true", help="every asset, the caption and curation-model branches too")
     r.add_argument("overrides", nargs="*")
     r.set_defaults(fn=cmd_run)
 

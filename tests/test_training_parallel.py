@@ -87,8 +87,9 @@ def _worker(rank: int, world: int, port: int, te_dir: str, out: str, cases: list
             continue
         ref_sd = ref.state_dict()
         moved = max(float((ref_sd[k] - init[k]).abs().max()) for k in ref_sd)
-        diff = max(float((full[k] - ref_sd[k]).abs().max()) for k in ref_sd)
-        report[f"{optim}/sp={sp}"] = {"losses": losses, "max_weight_diff": diff, "max_moved": moved, "keys_equal": sorted(full) == sorted(ref_sd)}
+        diffs = {k: float((full[k] - ref_sd[k]).abs().max()) for k in ref_sd}
+        diff = max(diffs.values())
+        report[f"{optim}/sp={sp}"] = {"losses": losses, "max_weight_diff": diff, "max_moved": moved, "keys_equal": sorted(full) == sorted(ref_sd), "worst": sorted(diffs, key=diffs.get)[-3:]}
     if rank == 0:
         with open(out, "w") as f:
             json.dump(report, f)
