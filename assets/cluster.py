@@ -94,7 +94,7 @@ class Namer(Protocol):
         ...
 
 
-STOPWORDS = frozenset("a an the on in at of and with to is two three background".split())
+STOPWORDS = frozenset(["a", "an", "the", "on", "in", "at", "of", "and", "with", "to", "is", "two", "three", "background"])
 
 
 class CaptionNamer:

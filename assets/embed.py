@@ -95,7 +95,9 @@ def _blob_blocks(a: np.ndarray, fg: np.ndarray, mag: np.ndarray) -> tuple[np.nda
 
 def classical_descriptor(im: Image.Image, size: int = 64) -> np.ndarray:
     """Colour histogram, gradient orientations, edge layout, foreground layout, blob count, FFT bands."""
-    from scipy import ndimage  # imported here: `kiln --help` imports this module's CLI neighbours
+    from scipy import (
+        ndimage,  # imported here: `kiln --help` imports this module's CLI neighbours
+    )
 
     a = np.asarray(im.convert("RGB").resize((size, size), Image.Resampling.BILINEAR), np.float32) / 255.0
     grey = a @ np.array([0.299, 0.587, 0.114], np.float32)

@@ -68,7 +68,7 @@ def main() -> None:
 
     print(json.dumps({
         "bench": "semdedup", "n": a.n, "dim": a.dim, "leaf": a.leaf, "threshold": a.threshold,
-        "pairs_compared": compared, "pairs_found": int(len(pairs)), "planted": int(len(x[1::50])),
+        "pairs_compared": compared, "pairs_found": len(pairs), "planted": len(x[1::50]),
         "semdedup_s": round(leaf_s, 3), "pairs_per_s": round(compared / leaf_s),
         "all_pairs_ref_pairs_per_s": round(ref_pairs / ref_s), "ratio_vs_all_pairs": round((compared / leaf_s) / (ref_pairs / ref_s), 3),
         "all_pairs_would_take_s": round(a.n * (a.n - 1) / 2 / (ref_pairs / ref_s), 1),

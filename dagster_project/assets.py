@@ -176,3 +176,19 @@ def mixes(kiln: KilnResource) -> dg.MaterializeResult:
 
 MAIN_ASSETS = [raw_images, *stage_assets[: len(MAIN_STAGES)], checkpoint, samples, evaluation]
 all_assets = [*MAIN_ASSETS, *stage_assets[len(MAIN_STAGES) :], coverage, mixes]
+
+
+@dg.asset(deps=["manifest"], group_name="warehouse", kinds={"postgres", "duckdb"}, description="The filter stage over the warehouse queue: Postgres when KILN_PG_DSN is set, else the embedded DuckDB path.")
+def filtered_queue(context, kiln: KilnResource) -> dg.MaterializeResult:
+    import os
+
+    from kiln.warehouse.cli import run_map
+
+    cfg = kiln.config()
+    dsn = os.environ.get("KILN_PG_DSN")
+    out = kiln.path("filtered_queue")
+    summary = run_map("filter", kiln.path("manifest"), out, cfg, dsn, cfg.cluster.workers, "manifest", log=context.log.info)
+    return dg.MaterializeResult(metadata={**stage_metadata(summary, out), "warehouse": "postgres" if dsn else "embedded (duckdb)"})
+
+
+all_assets.append(filtered_queue)

@@ -123,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     from slurm.cli import add_parser as add_submit
 
     add_submit(sub)
+
+    from kiln.warehouse.cli import add_parsers as add_warehouse
+
+    add_warehouse(sub)
     return p
 
 

@@ -57,3 +57,21 @@ def slurm_cluster():
                 pytest.fail(why)
             pytest.skip(why)
     return os.environ["SLURM_CONF"]
+
+
+@pytest.fixture(scope="session")
+def dsn() -> str:
+    """A live Postgres (KILN_PG_DSN, else scripts/postgres-local.sh started); in CI one that cannot start fails."""
+    from kiln.warehouse import postgres as pg
+    from kiln.warehouse.local import local_postgres_dsn
+
+    try:
+        dsn = local_postgres_dsn()
+        with pg.connect(dsn) as conn:
+            conn.execute("SELECT 1")
+            pg.ensure_registry(conn)
+    except Exception as e:  # noqa: BLE001
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"Postgres must run in CI: {e}")
+        pytest.skip(f"no Postgres here ({e}); run scripts/postgres-local.sh start")
+    return dsn

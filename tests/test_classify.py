@@ -1,14 +1,13 @@
 """Pseudo-label heads: a rule labels a sample, a calibrated head learns it from embeddings, filters every row."""
 
-import numpy as np
 import pyarrow as pa
 import pytest
+from test_embed import demo_embedded  # noqa: F401  (fixture)
 
 from assets.classify import RuleLabeller, classify_rows, sample_order
 from kiln.config import load_config
 from kiln.reasons import Reason
 from kiln.stage import check_accounting, read_dataset
-from test_embed import demo_embedded  # noqa: F401  (fixture)
 
 
 def test_rule_labeller_reads_or_clauses():
@@ -28,18 +27,20 @@ def test_sample_does_not_depend_on_row_order():
 
 
 def heads(rule, threshold, reject=True, reason="artifact"):
-    return [f"data.classify.heads=[{{name: h, reason: {reason}, rule: '{rule}', threshold: {threshold}, reject: {str(reject).lower()}}}]"]
+    """One head; half the ~120-row labelled sample held out, so precision and recall rest on ~10 positives."""
+    return [f"data.classify.heads=[{{name: h, reason: {reason}, rule: '{rule}', threshold: {threshold}, reject: {str(reject).lower()}}}]",
+            "data.classify.holdout=0.5"]
 
 
 def test_head_learns_a_visual_pseudo_label_and_reports_held_out_precision_recall(demo_embedded):
     overrides, root = demo_embedded
     table = read_dataset(root / "embedded" / "kept")
     # busy texture (signs, stripes) is visible in the embedding: the head must learn it well
-    out, [report] = classify_rows(table, load_config([*overrides, *heads("laplacian_var > 400", 0.5)]))
+    out, [report] = classify_rows(table, load_config([*overrides, *heads("laplacian_var > 300", 0.5)]))
     check_accounting("classify", table, out)
     print(report)
     assert report.trained and report.positives_holdout > 0
-    assert report.precision >= 0.5 and report.recall >= 0.5
+    assert report.precision >= 0.6 and report.recall >= 0.5  # base rate: about 0.15
     assert set(out.rejected.column("reason").to_pylist()) == {Reason.ARTIFACT}
     assert min(out.rejected.column("value").to_pylist()) >= 0.5
     assert out.kept.schema.equals(table.schema)
@@ -48,10 +49,10 @@ def test_head_learns_a_visual_pseudo_label_and_reports_held_out_precision_recall
 def test_high_threshold_removes_only_the_very_poor_and_report_only_heads_reject_nothing(demo_embedded):
     overrides, root = demo_embedded
     table = read_dataset(root / "embedded" / "kept")
-    lax, _ = classify_rows(table, load_config([*overrides, *heads("laplacian_var > 400", 0.5)]))
-    strict, _ = classify_rows(table, load_config([*overrides, *heads("laplacian_var > 400", 0.95)]))
+    lax, _ = classify_rows(table, load_config([*overrides, *heads("laplacian_var > 300", 0.5)]))
+    strict, _ = classify_rows(table, load_config([*overrides, *heads("laplacian_var > 300", 0.95)]))
     assert strict.rejected.num_rows < lax.rejected.num_rows
-    quiet, [rep] = classify_rows(table, load_config([*overrides, *heads("laplacian_var > 400", 0.5, reject=False)]))
+    quiet, [rep] = classify_rows(table, load_config([*overrides, *heads("laplacian_var > 300", 0.5, reject=False)]))
     assert quiet.rejected.num_rows == 0 and rep.rejected == 0 and rep.trained
 
 
@@ -65,7 +66,7 @@ def test_single_class_sample_trains_nothing_and_rejects_nothing(demo_embedded):
 def test_classify_is_deterministic(demo_embedded):
     overrides, root = demo_embedded
     table = read_dataset(root / "embedded" / "kept")
-    cfg = load_config([*overrides, *heads("laplacian_var > 400", 0.5)])
+    cfg = load_config([*overrides, *heads("laplacian_var > 300", 0.5)])
     a, ra = classify_rows(table, cfg)
     b, rb = classify_rows(table, cfg)
     assert a.kept.equals(b.kept) and a.rejected.equals(b.rejected) and ra == rb

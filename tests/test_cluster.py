@@ -4,17 +4,24 @@ import argparse
 
 import numpy as np
 import pyarrow.parquet as pq
-import pytest
 import torch
 from sklearn.metrics import adjusted_rand_score
+from test_embed import demo_embedded  # noqa: F401  (fixture)
 
-from assets.cluster import (add_review_parser, balanced_sample, cluster_grid, hierarchical_kmeans, level_labels, purity,
-                            review_cli, review_rows)
+from assets.cluster import (
+    add_review_parser,
+    balanced_sample,
+    cluster_grid,
+    hierarchical_kmeans,
+    level_labels,
+    purity,
+    review_cli,
+    review_rows,
+)
 from kiln.config import load_config
 from kiln.reasons import Reason
 from kiln.schemas import CLUSTERED
 from kiln.stage import read_dataset, run_stage
-from test_embed import demo_embedded  # noqa: F401  (fixture)
 
 torch.set_num_threads(1)
 

@@ -6,8 +6,15 @@ import pytest
 import torch
 
 from assets.demo_scenes import Background, Scene, Shape, render
+from assets.embed import (
+    ClassicalEmbedder,
+    HFEmbedder,
+    embed_rows,
+    make_embedder,
+    matrix,
+    to_column,
+)
 from assets.imageio import open_rgb
-from assets.embed import ClassicalEmbedder, HFEmbedder, embed_rows, make_embedder, matrix, to_column
 from kiln.config import EmbedConfig, load_config
 from kiln.reasons import Reason
 from kiln.schemas import EMBEDDED
@@ -83,8 +90,17 @@ def test_embed_stage_output_has_the_embedded_schema_and_is_deterministic(demo_em
 
 
 def tiny_models():
-    from transformers import (BitImageProcessor, CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel, Dinov2Config,
-                              Dinov2Model, SiglipImageProcessor, SiglipVisionConfig, SiglipVisionModel)
+    from transformers import (
+        BitImageProcessor,
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        CLIPVisionModel,
+        Dinov2Config,
+        Dinov2Model,
+        SiglipImageProcessor,
+        SiglipVisionConfig,
+        SiglipVisionModel,
+    )
 
     small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32, patch_size=8)
     crop = dict(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
@@ -121,3 +137,16 @@ def test_float16_column_round_trip():
     t = pa.table({"embedding": to_column(x)})
     back = matrix(t)
     assert np.allclose(back, x / np.linalg.norm(x, axis=1, keepdims=True), atol=2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_hf_embedder_on_cuda_matches_cpu(tmp_path):
+    torch.manual_seed(0)
+    model, processor = (f() for f in tiny_models()["siglip"])
+    model.save_pretrained(tmp_path / "m")
+    processor.save_pretrained(tmp_path / "m")
+    images = [scene("single_shape", (Shape(c, "circle", "large", "right"),)) for c in ("red", "blue")]
+    cpu = make_embedder(EmbedConfig(embedder="hf", path=str(tmp_path / "m"))).embed(images)
+    gpu = make_embedder(EmbedConfig(embedder="hf", path=str(tmp_path / "m"), device="cuda")).embed(images)
+    assert np.allclose(cpu, gpu, atol=1e-3)

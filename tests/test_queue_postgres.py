@@ -17,26 +17,10 @@ import pytest
 import kiln.warehouse as wh
 from kiln.config import KilnConfig
 from kiln.warehouse import postgres as pg
-from kiln.warehouse.local import local_postgres_dsn
 from kiln.warehouse.probes import COMPUTE, REJECT_EVERY, probe_rows
 
 pytestmark = [pytest.mark.postgres, pytest.mark.integration]
 CFG = KilnConfig()
-
-
-@pytest.fixture(scope="module")
-def dsn() -> str:
-    """A live server; in CI (CI=true) a server that cannot start is a failure, elsewhere a skip."""
-    try:
-        dsn = local_postgres_dsn()
-        with pg.connect(dsn) as conn:
-            conn.execute("SELECT 1")
-            pg.ensure_registry(conn)
-    except Exception as e:  # noqa: BLE001
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"Postgres must run in CI: {e}")
-        pytest.skip(f"no Postgres here ({e}); run scripts/postgres-local.sh start")
-    return dsn
 
 
 def fresh(dsn: str, table: str, stage: str = COMPUTE.name) -> str:

@@ -2,13 +2,22 @@
 
 import numpy as np
 import torch
+from test_embed import demo_embedded  # noqa: F401  (fixture)
 
 from assets.embed import matrix
-from assets.sae import TopKSAE, activations, describe_features, load_sae, rejected_features, sae_rows, save_sae, train_sae
+from assets.sae import (
+    TopKSAE,
+    activations,
+    describe_features,
+    load_sae,
+    rejected_features,
+    sae_rows,
+    save_sae,
+    train_sae,
+)
 from kiln.config import SAEConfig, load_config
 from kiln.reasons import Reason
 from kiln.stage import check_accounting, read_dataset
-from test_embed import demo_embedded  # noqa: F401  (fixture)
 
 torch.set_num_threads(1)
 

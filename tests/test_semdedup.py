@@ -3,6 +3,7 @@
 import numpy as np
 import pyarrow as pa
 import pytest
+from test_embed import demo_embedded  # noqa: F401  (fixture)
 
 from assets.embed import to_column
 from assets.semdedup import leaf_pairs, semdedup_rows
@@ -10,7 +11,6 @@ from kiln.config import load_config
 from kiln.reasons import Reason
 from kiln.schemas import DEDUPED
 from kiln.stage import check_accounting, read_dataset, run_stage
-from test_embed import demo_embedded  # noqa: F401  (fixture)
 
 
 def clustered(tmp_path, overrides, root):

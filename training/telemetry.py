@@ -68,7 +68,11 @@ class Telemetry:
     def finish(self) -> dict[str, float]:
         from training.plots import plot_loss
 
-        plot_loss(read_metrics(self.path), self.out_dir / "loss.png")
+        records = read_metrics(self.path)
+        plot_loss(records, self.out_dir / "loss.png")
+        # The deterministic columns as CSV, for `dvc plots` (DVC reads CSV / JSON, not JSONL).
+        lines = ["step,loss,grad_norm,lr"] + [f"{r['step']},{r['loss']:.6g},{r['grad_norm']:.6g},{r['lr']:.6g}" for r in records]
+        (self.out_dir / "loss.csv").write_text("\n".join(lines) + "\n")
         summary = self.throughput()
         (self.out_dir / "throughput.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
         return summary

@@ -1,0 +1,47 @@
+"""`kiln map`: a stage over the warehouse queue writes what `kiln stage` writes, on Postgres and embedded alike."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln.config import load_config
+from kiln.stage import read_dataset, run_stage
+from kiln.warehouse.cli import run_map
+
+
+def _ids(folder):
+    return sorted(read_dataset(folder / "kept").column("id").to_pylist()), sorted(read_dataset(folder / "rejected").column("id").to_pylist())
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory):
+    from assets.demo_corpus import write_demo_corpus
+
+    root = tmp_path_factory.mktemp("q")
+    write_demo_corpus(root / "raw", n=60, seed=3)
+    run_stage("ingest", root / "raw" / "images", root / "manifest", load_config(["cluster.workers=1"]))
+    return root
+
+
+@pytest.mark.integration
+def test_map_on_the_embedded_warehouse_matches_the_stage(manifest, tmp_path):
+    cfg = load_config(["cluster.workers=1"])
+    ref = run_stage("filter", manifest / "manifest", tmp_path / "ref", cfg)
+    got = run_map("filter", manifest / "manifest", tmp_path / "q", cfg, dsn=None, workers=2, table="manifest", log=lambda _: None)
+    assert (got.kept, got.rejected, got.by_reason) == (ref.kept, ref.rejected, ref.by_reason)
+    assert _ids(tmp_path / "q") == _ids(tmp_path / "ref")
+
+
+@pytest.mark.postgres
+@pytest.mark.integration
+def test_map_on_postgres_matches_the_stage(manifest, tmp_path, dsn):
+    from kiln.warehouse import postgres as pg
+
+    with pg.connect(dsn) as conn:
+        pg.drop_job(conn, "cli_manifest", "filter")
+        pg.drop_table(conn, "cli_manifest")
+    cfg = load_config(["cluster.workers=1"])
+    ref = run_stage("filter", manifest / "manifest", tmp_path / "ref", cfg)
+    got = run_map("filter", manifest / "manifest", tmp_path / "q", cfg, dsn=dsn, workers=2, table="cli_manifest", log=lambda _: None)
+    assert (got.kept, got.rejected, got.by_reason) == (ref.kept, ref.rejected, ref.by_reason)
+    assert _ids(tmp_path / "q") == _ids(tmp_path / "ref")
