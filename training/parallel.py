@@ -124,6 +124,34 @@ def qk_norm_plan() -> dict:
     return {"attn.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True), "attn.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True)}
 
 
+class _SumGradOverGroup(torch.autograd.Function):
+    """Identity forward; all-reduce (sum) of the gradient backward: Megatron's "f" operator."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        import torch.distributed as dist
+
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def sum_grad_over_tp(tp_mesh):
+    """A forward hook for modules whose (replicated) output then meets sequence-sharded tokens: each tp
+    rank sees the gradient of its own tokens only, so the gradient is summed over tp on the way back."""
+    group = tp_mesh.get_group()
+
+    def hook(module, args, output):
+        return _SumGradOverGroup.apply(output, group)
+
+    return hook
+
+
 def apply_tp(model: nn.Module, tp_mesh, sequence_parallel: bool = False) -> None:
     """Tensor-parallelise every DiT block of a Generator over `tp_mesh` (in place)."""
     from torch.distributed.tensor import Replicate, Shard
@@ -139,6 +167,9 @@ def apply_tp(model: nn.Module, tp_mesh, sequence_parallel: bool = False) -> None
             plan |= qk_norm_plan()
         parallelize_module(block, tp_mesh, plan)
     if sequence_parallel:
+        for block in blocks:
+            if block.modulation is not None:
+                block.modulation.register_forward_hook(sum_grad_over_tp(tp_mesh))
         rest = (None,) * 4
         parallelize_module(blocks[0], tp_mesh, PrepareModuleInput(input_layouts=(Replicate(), *rest), desired_input_layouts=(Shard(1), *rest), use_local_output=True))
         parallelize_module(blocks[-1], tp_mesh, PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True))
