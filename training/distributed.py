@@ -42,14 +42,16 @@ class Ranks:
     dp_size: int
 
 
-def init_distributed(device_type: str) -> None:
-    """Join the job's process group (env://), or make a 1-process one when launched plainly."""
+def init_distributed(device_type: str) -> bool:
+    """Join the job's process group (env://), or make a 1-process one when launched plainly; returns
+    whether this call created it (and so should destroy it)."""
     if dist.is_initialized():
-        return
+        return False
     if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
     else:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    return True
 
 
 def mesh_ranks(mesh) -> Ranks:
@@ -150,7 +152,7 @@ def train_distributed(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bo
     if device.type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         device = torch.device("cuda", torch.cuda.current_device())
-    init_distributed(device.type)
+    created = init_distributed(device.type)
     mesh = build_mesh(dist.get_world_size(), tc.parallel.tp, device.type)
     ranks = mesh_ranks(mesh)
     data = TrainSet.from_dir(Path(data_dir), tc.batch_size, tc.holdout)
@@ -196,4 +198,6 @@ def train_distributed(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bo
     if telemetry is not None:
         telemetry.finish()
     dist.barrier()
+    if created:
+        dist.destroy_process_group()
     return out_dir

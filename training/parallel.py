@@ -10,7 +10,8 @@ by `split` on its output dim, so before sharding its rows are regrouped rank-maj
 module's split sizes / head counts are set to the local ones. That regrouping is the only layout change;
 `canonical_state_dict` undoes it for exports. With sequence_parallel the residual stream between blocks is
 sharded on the sequence (norms and modulation run on 1/tp of the tokens); attention and MLP all-gather on
-entry and reduce-scatter on exit. The text refiner, embeddings and final layer are only FSDP-sharded.
+entry and reduce-scatter on exit, and the (replicated) modulation's gradient is summed over tp, since each
+rank only back-propagates its own tokens into it. The text refiner, embeddings and final layer are only FSDP-sharded.
 
 Verified on CPU (gloo, 2x2 mesh): equal to one process within 1e-6 (tests/test_training_parallel.py).
 torch.compile with DTensor on CPU gives wrong gradients, so `apply_compile` refuses it; compile + TP is a GPU path.
