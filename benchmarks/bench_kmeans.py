@@ -28,7 +28,7 @@ def data(n: int, dim: int, seed: int = 0) -> np.ndarray:
     for a in range(0, n, 16384):  # float32 chunks: the data's own footprint is n * dim * 4 bytes
         b = min(n, a + 16384)
         x[a:b] = centres[rng.integers(0, 64, b - a)] + 0.7 * rng.standard_normal((b - a, dim), dtype=np.float32)
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
+        x[a:b] /= np.linalg.norm(x[a:b], axis=1, keepdims=True)
     return x
 
 

@@ -308,6 +308,7 @@ class TrainConfig(Strict):
     optim: OptimConfig = OptimConfig()
     repa: RepaConfig = RepaConfig()
     dcp: DCPConfig = DCPConfig()
+    init_from: str | None = Field(None, description="checkpoint folder whose weights start this stage (256 -> 512 -> 1024 -> mid -> SFT)")
 
 
 # -------------------------------------------------------------------------------------------- cluster

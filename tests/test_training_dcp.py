@@ -63,3 +63,14 @@ def test_the_export_loads_as_a_generator(setup):
         train_distributed(data, out, _cfg(te, optim={"name": "adamw"}))
     gen = Generator.from_pretrained(out)
     assert gen.num_params() == json.loads((out / "train_state.json").read_text())["num_params"]
+
+
+def test_the_stage_configs_chain_256_512_1024_midtrain_sft():
+    from kiln.config import load_config
+
+    stages = ["pretrain_256", "pretrain_512", "pretrain_1024", "midtrain", "sft"]
+    cfgs = [load_config([f"train={s}"]).train for s in stages]
+    assert cfgs[0].init_from is None
+    for prev, cfg in zip(stages, cfgs[1:]):
+        assert cfg.init_from is not None and cfg.init_from.endswith(prev)
+    assert load_config([]).train.optim.name == "adamw" and load_config([]).train.parallel.tp == 1  # the demo is unchanged

@@ -17,6 +17,7 @@ resume with the same parallel.tp; exports (model.safetensors) are always in the 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,12 +94,19 @@ class Checkpointer:
         path = step_dir(self.out_dir, run.step)
         state = _state(model, opt, run)
         if self.async_save:
-            group = dist.new_group(backend="gloo") if dist.is_initialized() and dist.get_backend() != "gloo" else None
-            self._pending = (dcp.async_save(state, checkpoint_id=str(path), process_group=group), path, run)
+            self._pending = (dcp.async_save(state, checkpoint_id=str(path), process_group=self._cpu_group()), path, run)
         else:
             dcp.save(state, checkpoint_id=str(path))
             self._finish(path, run)
         return path
+
+    def _cpu_group(self):
+        """Async saves coordinate over a CPU (gloo) group; made once when the job's backend is NCCL."""
+        if not dist.is_initialized() or dist.get_backend() == "gloo":
+            return None
+        if not hasattr(self, "_gloo"):
+            self._gloo = dist.new_group(backend="gloo")
+        return self._gloo
 
     def wait(self) -> None:
         """Block until the pending async save is on disk, then record it and prune old ones."""
@@ -139,7 +147,7 @@ class Checkpointer:
 
         def opt_float(t):
             v = float(t)
-            return None if v != v else v
+            return None if math.isnan(v) else v
 
         position = DataPosition(int(extra["epoch"]), int(extra["batch"]))
         return RunState(int(extra["step"]), position, opt_float(extra["loss_ema"]), opt_float(extra["last_loss"]))

@@ -56,7 +56,7 @@ def init_distributed(device_type: str) -> bool:
 
 def mesh_ranks(mesh) -> Ranks:
     dp = mesh["dp_shard"]
-    return Ranks(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)), dp.get_local_rank(), dp.size())
+    return Ranks(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")), dp.get_local_rank(), dp.size())
 
 
 def local_rows(batch: int, dp_rank: int, dp_size: int) -> slice:
@@ -150,13 +150,17 @@ def train_distributed(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bo
     runtime = setup_runtime(tc)
     device = runtime.device
     if device.type == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         device = torch.device("cuda", torch.cuda.current_device())
     created = init_distributed(device.type)
     mesh = build_mesh(dist.get_world_size(), tc.parallel.tp, device.type)
     ranks = mesh_ranks(mesh)
     data = TrainSet.from_dir(Path(data_dir), tc.batch_size, tc.holdout)
     gen = init_generator(cfg.model, tc.seed, device)
+    if tc.init_from:  # a chained stage starts from the previous stage's exported weights (a resume overrides them)
+        from safetensors.torch import load_file
+
+        gen.load_state_dict(load_file(str(Path(tc.init_from) / "model.safetensors")), strict=True)
     cache = TextCache.build(gen, data.captions())  # before sharding: the backbone is not part of the model
     null_one = gen.null_text(1)
     parallelize(gen, mesh, tc.parallel, device.type)

@@ -4,7 +4,8 @@ Muon: m = mu m + g; u = g + mu m (Nesterov) or m; O = NewtonSchulz5(u) (approxim
 W -= lr (0.2 sqrt(max(rows, cols)) O + wd W). The 0.2 sqrt(max) factor (Moonshot, "Muon is Scalable",
 2025) gives the update AdamW's RMS, so both groups share one LR and one WSD schedule.
 
-Which parameters: 2-D weights inside transformer blocks (DiT blocks and text-refiner blocks). The
+Which parameters: the 2-D projection weights inside transformer blocks (attention and MLP of the DiT and
+text-refiner blocks). Per-block modulation (a [6, width] bias, or adaLN's conditioning projection), the
 first layers (patch / text / time embeddings), the last (final projection and its modulation), the shared
 modulation and every 1-D parameter (gains, biases) stay on AdamW.
 
@@ -41,7 +42,8 @@ def newton_schulz(g: Tensor, steps: int = 5, eps: float = 1e-7) -> Tensor:
 
 
 def uses_muon(name: str, p: Tensor) -> bool:
-    return p.dim() == 2 and not name.startswith(ADAMW_PREFIXES) and (".blocks." in name or ".refiner." in name)
+    in_block = ".blocks." in name or ".refiner." in name
+    return p.dim() == 2 and name.endswith(".weight") and in_block and ".modulation." not in name and not name.startswith(ADAMW_PREFIXES)
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -78,7 +80,7 @@ def _like(full: Tensor, p: Tensor) -> Tensor:
 
 class Muon(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5, betas=(0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.0):
-        defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, betas=betas, eps=eps, weight_decay=weight_decay, use_muon=False)
+        defaults = {"lr": lr, "momentum": momentum, "nesterov": nesterov, "ns_steps": ns_steps, "betas": betas, "eps": eps, "weight_decay": weight_decay, "use_muon": False}
         super().__init__(params, defaults)
 
     @torch.no_grad()
