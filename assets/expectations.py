@@ -80,7 +80,12 @@ def _expectations(dataset: str, cfg: KilnConfig) -> list:
         E.ExpectColumnValuesToBeUnique(column="id"),
         E.ExpectColumnValuesToBeInSet(column="reason", value_set=[r.value for r in Reason]),
     ]
-    suites = {"manifest": manifest, "filtered": filtered, "deduped": deduped, "captioned": captioned, "train_set": train, "rejected": rejected}
+    embedded = deduped + [E.ExpectColumnValuesToNotBeNull(column="embedder")]
+    clustered = embedded + [
+        E.ExpectColumnValuesToNotBeNull(column="cluster_path"),
+        E.ExpectColumnValuesToBeBetween(column="leaf_cosine", min_value=-1.001, max_value=1.001),
+    ]
+    suites = {"embedded": embedded, "clustered": clustered, "manifest": manifest, "filtered": filtered, "deduped": deduped, "captioned": captioned, "train_set": train, "rejected": rejected}
     if dataset in suites:
         return suites[dataset]
     from assets import caption_expectations  # the caption branch's suites

@@ -10,7 +10,7 @@ from pathlib import Path
 import dagster as dg
 import pyarrow.parquet as pq
 
-from dagster_project.metadata import dedup_groups_grid, stage_metadata, thumbnails
+from dagster_project.metadata import cluster_grids, dedup_groups_grid, stage_metadata, thumbnails
 from dagster_project.resources import KilnResource
 from slurm.arrays import run_stage_array
 from kiln.viz import markdown_image
@@ -43,7 +43,16 @@ CAPTION_BRANCH = [
     StageAsset("rewritten", "rewrite", "captioned_ocr", "captions_ocr", "rewritten"),
     StageAsset("prompt_pairs", "prompt_pairs", "rewritten", "captions_ocr", "prompt_pairs"),
 ]
-DATA_STAGES = MAIN_STAGES + CAPTION_BRANCH
+# The model-based curation branch of issue 4 (embeddings, classifiers, SAE tags, clusters with human review,
+# semantic dedup); its output has the deduped schema, so `caption` can read it.
+CURATION_MODELS = [
+    StageAsset("embedded", "embed", "deduped", "curation_models", "embedded"),
+    StageAsset("classified", "classify", "embedded", "curation_models", "embedded"),
+    StageAsset("saed", "sae", "classified", "curation_models", "embedded"),
+    StageAsset("clustered", "cluster", "saed", "curation_models", "clustered"),
+    StageAsset("semdeduped", "semdedup", "clustered", "curation_models", "deduped"),
+]
+DATA_STAGES = MAIN_STAGES + CAPTION_BRANCH + CURATION_MODELS
 
 
 @dg.asset(group_name="curation", kinds={"python", "image"}, description="The raw image pool: the procedural demo corpus with its ground-truth sidecar.")
@@ -70,7 +79,7 @@ def raw_images(kiln: KilnResource) -> dg.MaterializeResult:
 
 def _stage_asset(sa: StageAsset) -> dg.AssetsDefinition:
     key, stage, upstream = sa.key, sa.stage, sa.upstream
-    extra: Callable[[Path], str | None] | None = dedup_groups_grid if stage == "dedup" else None
+    extra: Callable[[Path], str | None] | None = {"dedup": dedup_groups_grid, "cluster": cluster_grids}.get(stage)
 
     @dg.asset(name=key, deps=[upstream], group_name=sa.group, kinds={"python", "parquet"}, description=f"`kiln stage {stage}` over {upstream}: kept rows + rejected rows with reasons.")
     def _asset(context, kiln: KilnResource) -> dg.MaterializeResult:
@@ -80,7 +89,7 @@ def _stage_asset(sa: StageAsset) -> dg.AssetsDefinition:
         summary = run_stage_array(stage, kiln.path(sa.upstream_dir or upstream), out, cfg, log=context.log.info)
         md = stage_metadata(summary, out)
         if extra and (grid := extra(out)):
-            md["duplicate_groups"] = dg.MetadataValue.md(grid)
+            md[f"{stage}_groups"] = dg.MetadataValue.md(grid)
         return dg.MaterializeResult(metadata=md)
 
     return _asset

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from dagster_project.assets import CAPTION_BRANCH, MAIN_ASSETS, all_assets
+from dagster_project.assets import CAPTION_BRANCH, CURATION_MODELS, MAIN_ASSETS, all_assets
 from dagster_project.checks import all_checks
 from dagster_project.resources import KilnResource
 from dagster_project.sensors import slurm_jobs
@@ -15,5 +15,10 @@ caption_branch = dg.define_asset_job(
     selection=dg.AssetSelection.assets(*[sa.key for sa in CAPTION_BRANCH], "coverage", "mixes"),
     description="OCR -> OCR-grounded captions -> rewrites, prompt pairs, concept coverage, mixes",
 )
+curation_models = dg.define_asset_job(
+    "curation_models",
+    selection=dg.AssetSelection.assets(*[sa.key for sa in CURATION_MODELS]),
+    description="embeddings -> pseudo-label classifiers -> SAE tags -> FAISS clusters (with review) -> semantic dedup",
+)
 
-defs = dg.Definitions(assets=all_assets, asset_checks=all_checks, jobs=[main, caption_branch], sensors=[slurm_jobs], resources={"kiln": KilnResource()})
+defs = dg.Definitions(assets=all_assets, asset_checks=all_checks, jobs=[main, caption_branch, curation_models], sensors=[slurm_jobs], resources={"kiln": KilnResource()})

@@ -77,3 +77,20 @@ def dedup_groups_grid(output: Path, n_groups: int = 6, per_group: int = 4) -> st
         uris += members
         labels += ["keeper"] + ["dup"] * (per_group - 1)
     return thumbnails(uris, labels, cols=per_group)
+
+
+def cluster_grids(output: Path, max_clusters: int = 8) -> str | None:
+    """One grid per top-level cluster (the rows nearest its centroid), each headed by its id and size."""
+    import numpy as np
+
+    from assets.cluster import cluster_grid, level_labels
+    from kiln.viz import markdown_image
+
+    kept = read_dataset(output / "kept")
+    if not kept.num_rows:
+        return None
+    labels = level_labels(kept, 0)
+    parts = []
+    for c in sorted(np.unique(labels).tolist())[:max_clusters]:
+        parts.append(f"**cluster {c}** ({int((labels == c).sum())} rows)\n\n" + markdown_image(cluster_grid(kept, 0, c, n=8, cell=48), f"cluster {c}"))
+    return "\n\n".join(parts)

@@ -127,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     from kiln.warehouse.cli import add_parsers as add_warehouse
 
     add_warehouse(sub)
+
+    from assets.cluster import add_review_parser
+
+    add_review_parser(sub)
     return p
 
 
