@@ -131,4 +131,4 @@ def ingest(table: pa.Table, cfg: KilnConfig) -> StageOutput:
     return StageOutput(kept, rejects.table())
 
 
-STAGE = Stage(name="ingest", fn=ingest, input_schema=INPUTS, output_schema=MANIFEST)
+STAGE = Stage(name="ingest", fn=ingest, input_schema=INPUTS, output_schema=MANIFEST, list_inputs=list_inputs)

@@ -66,6 +66,8 @@ class Stage:
     output_schema: pa.Schema
     scope: Literal["shard", "global"] = "shard"  # global: one call over all rows (dedup, pack)
     id_column: str = "id"
+    # Stages that read files rather than Parquet (ingest): input path -> (id, uri) table, sharded by `run_stage`.
+    list_inputs: Callable[[Path], pa.Table] | None = None
 
 
 class Rejects:
@@ -184,16 +186,19 @@ def run_on_tables(stage: Stage, shards: list[pa.Table], cfg: KilnConfig, workers
     return [_apply(stage.name, s, cfg) for s in progress(shards, desc=stage.name, unit="shard")]
 
 
-def input_shards(stage: Stage, input_path: Path, cfg: KilnConfig) -> list[pa.Table]:
-    if stage.name == "ingest":
-        from assets.ingest import list_inputs
-
-        return split_rows(list_inputs(input_path), cfg.data.ingest.shard_size)
+def input_shard_paths(stage: Stage, input_path: Path) -> list[Path]:
+    """The Parquet shards a stage reads: a stage output's `kept/`, or a plain dataset folder."""
     src = input_path / "kept" if (input_path / "kept").is_dir() else input_path
     paths = shard_paths(src)
     if not paths:
         raise FileNotFoundError(f"{stage.name}: no Parquet shards under {src}")
-    return [pq.read_table(p) for p in paths]
+    return paths
+
+
+def input_shards(stage: Stage, input_path: Path, cfg: KilnConfig) -> list[pa.Table]:
+    if stage.list_inputs is not None:
+        return split_rows(stage.list_inputs(input_path), cfg.data.ingest.shard_size)
+    return [pq.read_table(p) for p in input_shard_paths(stage, input_path)]
 
 
 def run_stage(name: str, input_path: Path | str, output: Path | str, cfg: KilnConfig) -> Summary:

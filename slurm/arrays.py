@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from kiln.config import KilnConfig
 from kiln.progress import log as kiln_log
-from kiln.stage import Stage, StageOutput, Summary, _apply, get_stage, input_shards, run_stage, shard_paths, write_stage_output, write_table
+from kiln.stage import Stage, StageOutput, Summary, _apply, get_stage, input_shard_paths, input_shards, run_stage, write_stage_output, write_table
 from slurm.jobs import Log, report, wait_for
 from slurm.launcher import executor_for
 
@@ -54,17 +54,13 @@ def run_whole_stage(stage_name: str, input_path: str, output: str, cfg: KilnConf
 # ------------------------------------------------------------------------------------ on the driver
 def shard_sources(stage: Stage, input_path: Path, cfg: KilnConfig, work: Path) -> list[Path]:
     """The Parquet file each array task reads: the input's shards, or (ingest) the file listing, split."""
-    if stage.name == "ingest":
+    if stage.list_inputs is not None:
         sources = []
         for i, t in enumerate(input_shards(stage, input_path, cfg)):
             sources.append(work / "inputs" / f"part-{i:05d}.parquet")
             write_table(t, sources[-1])
         return sources
-    src = input_path / "kept" if (input_path / "kept").is_dir() else input_path
-    paths = shard_paths(src)
-    if not paths:
-        raise FileNotFoundError(f"{stage.name}: no Parquet shards under {src}")
-    return [p.resolve() for p in paths]
+    return [p.resolve() for p in input_shard_paths(stage, input_path)]
 
 
 def _wait(jobs: list, cfg: KilnConfig, log: Log) -> list:
