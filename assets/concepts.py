@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from kiln.config import ConceptConfig
 from kiln.schemas import CONCEPT_COUNTS, CONCEPT_WEIGHTS, check_schema
+from kiln.sql import reproducible_connection
 from kiln.stage import read_dataset, write_table
 
 # lower-case terms, then a light stemmer: a trailing plural "s" goes (not "ss", not short words)
@@ -43,7 +44,7 @@ def load_concepts(path: Path | str) -> pa.Table:
     reader = "read_parquet" if path.suffix == ".parquet" else "read_csv"
     sql = f"""SELECT trim(CAST(concept AS VARCHAR)) AS concept, min(CAST(rank AS BIGINT)) AS rank FROM {reader}('{str(path).replace("'", "''")}')
               WHERE trim(CAST(concept AS VARCHAR)) <> '' GROUP BY 1 ORDER BY rank, concept"""
-    return _arrow(duckdb.connect(), sql)
+    return _arrow(reproducible_connection(), sql)
 
 
 def fts_status(con: duckdb.DuckDBPyConnection) -> str:
@@ -59,7 +60,7 @@ def fts_status(con: duckdb.DuckDBPyConnection) -> str:
 
 def concept_hits(pool: pa.Table, concepts: pa.Table, columns: list[str], con: duckdb.DuckDBPyConnection | None = None) -> pa.Table:
     """(concept, id) for every phrase match, through the SQL positional inverted index."""
-    con = con or duckdb.connect()
+    con = con or reproducible_connection()
     con.register("pool", pool.select(["id", *columns]))
     con.register("concept_list", concepts)
     text = "concat_ws(' ', " + ", ".join(f"coalesce({c}, '')" for c in columns) + ")"
@@ -85,7 +86,7 @@ class Coverage:
 
 def coverage(pool: pa.Table, concepts: pa.Table, cfg: ConceptConfig) -> Coverage:
     """Counts, weights and the coverage summary of one pool against one concept list."""
-    con = duckdb.connect()
+    con = reproducible_connection()
     fts = fts_status(con)
     hits = concept_hits(pool, concepts, cfg.columns, con)
     con.register("hits", hits)

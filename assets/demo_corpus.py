@@ -29,7 +29,7 @@ import pyarrow as pa
 from PIL import Image
 from pydantic import BaseModel
 
-from assets.demo_scenes import FAMILIES, Scene, caption_for, recolor, render, sample_scene
+from assets.demo_scenes import Scene, caption_for, recolor, render, sample_scene
 from kiln.reasons import Reason
 from kiln.schemas import arrow_schema
 from kiln.stage import write_table

@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from kiln.config import MixConfig
 from kiln.schemas import MIX, check_schema
+from kiln.sql import reproducible_connection
 from kiln.stage import read_dataset, write_table
 
 SOURCE = r"""regexp_extract(uri, '([^/:]+)(/|::)[^/:]+$', 1)"""
@@ -40,7 +41,7 @@ def quotas(parts: list[tuple[str, float]], size: int) -> dict[str, int]:
 
 
 def warehouse(pool: pa.Table, weights: pa.Table | None, seed: int) -> duckdb.DuckDBPyConnection:
-    con = duckdb.connect()
+    con = reproducible_connection()
     con.register("pool_rows", pool)
     con.register("concept_weights", weights if weights is not None else pa.table({"id": pa.array([], pa.string()), "sampling_weight": pa.array([], pa.float64())}))
     con.execute(f"""CREATE VIEW warehouse AS

@@ -75,3 +75,27 @@ def dsn() -> str:
             pytest.fail(f"Postgres must run in CI: {e}")
         pytest.skip(f"no Postgres here ({e}); run scripts/postgres-local.sh start")
     return dsn
+
+
+@pytest.fixture
+def mixed_folder(tmp_path):
+    """The file zoo of samples.mixed_files written under tmp_path/raw."""
+    from samples import mixed_files
+
+    root = tmp_path / "raw"
+    for name, (data, _) in mixed_files().items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+@pytest.fixture(scope="session")
+def demo_embedded(tmp_path_factory):
+    """Built once per test session, whichever module asks first (the stages are deterministic)."""
+    from samples import build_demo
+
+    root = tmp_path_factory.getbasetemp() / "curation-demo"
+    if (root / "embedded" / "summary.json").is_file():
+        return [f"data.caption.truth={root / 'raw' / 'truth.parquet'}", f"data.clustering.review_db={root / 'review.duckdb'}"], root
+    root.mkdir()
+    return build_demo(root)

@@ -2,7 +2,6 @@
 
 import pyarrow as pa
 import pytest
-from test_embed import demo_embedded  # noqa: F401  (fixture)
 
 from assets.classify import RuleLabeller, classify_rows, sample_order
 from kiln.config import load_config

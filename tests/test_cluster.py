@@ -6,7 +6,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 from sklearn.metrics import adjusted_rand_score
-from test_embed import demo_embedded  # noqa: F401  (fixture)
 
 from assets.cluster import (
     add_review_parser,

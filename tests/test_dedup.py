@@ -5,6 +5,7 @@ import io
 import numpy as np
 import pytest
 from PIL import Image
+from samples import scene
 
 from assets.dedup import dedup, groups_table, keepers, near_pairs
 from assets.filters import filter_stage
@@ -12,9 +13,7 @@ from assets.hashes import hamming_rows, to_words
 from assets.ingest import ingest, list_inputs
 from kiln.config import load_config
 from kiln.schemas import FILTERED
-from kiln.stage import check_accounting, run_stage, read_dataset
-from test_hashes import scene
-from test_ingest import mixed_folder  # noqa: F401  (fixture)
+from kiln.stage import check_accounting, read_dataset, run_stage
 
 
 def flip(h: np.ndarray, k: int, rng) -> np.ndarray:

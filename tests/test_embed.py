@@ -24,28 +24,6 @@ from kiln.uri import read_bytes
 torch.set_num_threads(1)
 
 
-def build_demo(root, n=160):
-    """demo corpus -> ingest -> filter -> dedup -> embed under root; returns (config overrides, root)."""
-    from assets.demo_corpus import write_demo_corpus
-
-    write_demo_corpus(root / "raw", n=n, seed=0, size=96)
-    overrides = [f"data.caption.truth={root / 'raw' / 'truth.parquet'}", f"data.clustering.review_db={root / 'review.duckdb'}"]
-    cfg = load_config(overrides)
-    for stage, src, dst in (("ingest", "raw", "manifest"), ("filter", "manifest", "filtered"), ("dedup", "filtered", "deduped"), ("embed", "deduped", "embedded")):
-        run_stage(stage, root / src, root / dst, cfg)
-    return overrides, root
-
-
-@pytest.fixture(scope="session")
-def demo_embedded(tmp_path_factory):
-    """Built once per test session, whichever module asks first (the stages are deterministic)."""
-    root = tmp_path_factory.getbasetemp() / "curation-demo"
-    if (root / "embedded" / "summary.json").is_file():
-        return [f"data.caption.truth={root / 'raw' / 'truth.parquet'}", f"data.clustering.review_db={root / 'review.duckdb'}"], root
-    root.mkdir()
-    return build_demo(root)
-
-
 def scene(family, shapes, bg="blue", pattern="plain", seed=1, **kw):
     return render(Scene(family, Background(bg, pattern, "white" if pattern != "plain" else None), shapes, layout_seed=seed, **kw), 96, 96)
 

@@ -7,14 +7,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
+from samples import mixed_files, scene
 
 from assets.decode import border_share, measure
 from assets.filters import filter_stage
 from assets.ingest import ingest, list_inputs
 from kiln.config import load_config
 from kiln.stage import check_accounting, read_dataset, run_stage
-from test_hashes import scene
-from test_ingest import mixed_files, mixed_folder  # noqa: F401  (fixture)
 
 
 def png(a: np.ndarray) -> bytes:

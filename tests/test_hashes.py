@@ -7,23 +7,7 @@ from PIL import Image
 
 from assets.decode import decode_views, measure
 from assets.hashes import PHASH_BYTES, colorhash64, hamming, hamming_rows, phash12, to_words
-
-
-def scene(seed: int, size: int = 160, hue_shift: int = 0) -> Image.Image:
-    """A picture with structure at several scales: a few coloured discs on a gradient."""
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:size, 0:size] / size
-    img = np.stack([30 + 50 * xx, 110 + 60 * yy, 210 - 30 * xx], -1)
-    for _ in range(5):
-        cx, cy, r = rng.uniform(0.15, 0.85, 2).tolist() + [rng.uniform(0.08, 0.2)]
-        img[(xx - cx) ** 2 + (yy - cy) ** 2 < r * r] = rng.integers(0, 256, 3)
-    img += rng.normal(0, 4, img.shape)
-    im = Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
-    if hue_shift:
-        h, s, v = im.convert("HSV").split()
-        h = h.point(lambda x: (x + hue_shift) % 256)
-        im = Image.merge("HSV", (h, s, v)).convert("RGB")
-    return im
+from samples import scene
 
 
 def jpeg(im: Image.Image, quality: int = 90) -> bytes:

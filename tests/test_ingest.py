@@ -4,92 +4,17 @@
 a corrupt file, a JPEG behind a .png name, a header that claims 400 million pixels.
 """
 
-import io
-import struct
 import tarfile
-import zlib
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
-from PIL import Image
+from samples import mixed_files
 
 from assets.ingest import INPUTS, ingest, list_inputs, uri_id
 from kiln.config import load_config
 from kiln.stage import read_dataset, run_stage
 from kiln.uri import read_bytes
-from test_hashes import scene
-
-
-def encoded(im: Image.Image, fmt: str, **opts) -> bytes:
-    buf = io.BytesIO()
-    im.save(buf, fmt, **opts)
-    return buf.getvalue()
-
-
-def png_header_only(width: int, height: int) -> bytes:
-    """A PNG whose IHDR claims width x height and that holds no pixel data: a decompression bomb's header."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) + chunk(b"IEND", b"")
-
-
-def animated_gif(seed: int) -> bytes:
-    frames = [scene(seed + k).convert("P", palette=Image.Palette.ADAPTIVE) for k in range(3)]
-    buf = io.BytesIO()
-    frames[0].save(buf, "GIF", save_all=True, append_images=frames[1:], duration=100)
-    return buf.getvalue()
-
-
-def sixteen_bit_png(seed: int) -> bytes:
-    grey = np.asarray(scene(seed).convert("L"), np.uint16) * 257
-    return encoded(Image.fromarray(grey), "PNG")
-
-
-def rotated_jpeg(seed: int) -> bytes:
-    exif = Image.Exif()
-    exif[0x0112] = 6
-    return encoded(scene(seed).transpose(Image.Transpose.ROTATE_90), "JPEG", quality=92, exif=exif.tobytes())
-
-
-# file name -> (bytes, expected filter outcome: None = kept, else the reason)
-def mixed_files() -> dict[str, tuple[bytes, str | None]]:
-    alpha = scene(4).convert("RGBA")
-    alpha.putalpha(Image.new("L", alpha.size, 200))
-    files = {
-        "a/photo.jpg": (encoded(scene(1), "JPEG", quality=92), None),
-        "a/alpha.png": (encoded(alpha, "PNG"), None),
-        "a/anim.gif": (animated_gif(10), None),
-        "b/scan.tif": (encoded(scene(5), "TIFF"), None),
-        "b/old.bmp": (encoded(scene(6), "BMP"), None),
-        "b/web.webp": (encoded(scene(7), "WEBP", quality=90), None),
-        "b/pixmap.ppm": (encoded(scene(8), "PPM"), None),
-        "b/greymap.pgm": (encoded(scene(9).convert("L"), "PPM"), None),
-        "b/bitmap.pbm": (encoded(scene(11).convert("1"), "PPM"), "low_entropy"),  # 1 bit: two values
-        "c/grey.png": (encoded(scene(12).convert("L"), "PNG"), None),
-        "c/deep.png": (sixteen_bit_png(13), None),
-        "c/print.jpg": (encoded(scene(14).convert("CMYK"), "JPEG", quality=92), None),
-        "c/rotated.jpg": (rotated_jpeg(15), None),
-        "c/really_a_jpeg.png": (encoded(scene(16), "JPEG", quality=92), None),
-        "d/broken.jpg": (encoded(scene(17), "JPEG", quality=92)[:1500], "decode_error"),
-        "d/bomb.png": (png_header_only(20000, 20000), "too_many_pixels"),
-        "d/empty.jpg": (b"", "empty_file"),
-        "d/page.jpg": (b"<html>404 Not Found</html>\n" * 3, "not_an_image"),
-    }
-    return files
-
-
-@pytest.fixture
-def mixed_folder(tmp_path: Path) -> Path:
-    root = tmp_path / "raw"
-    for name, (data, _) in mixed_files().items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_bytes(data)
-    return root
 
 
 def test_folder_is_walked_recursively_in_sorted_posix_order(mixed_folder):

@@ -2,7 +2,6 @@
 
 import numpy as np
 import torch
-from test_embed import demo_embedded  # noqa: F401  (fixture)
 
 from assets.embed import matrix
 from assets.sae import (

@@ -3,7 +3,6 @@
 import numpy as np
 import pyarrow as pa
 import pytest
-from test_embed import demo_embedded  # noqa: F401  (fixture)
 
 from assets.embed import to_column
 from assets.semdedup import leaf_pairs, semdedup_rows
