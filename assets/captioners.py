@@ -8,6 +8,9 @@ runs after the OCR stage and stores, next to every caption, how it was produced 
   batched, greedy by default so the same rows give the same captions.
 - `OCRGroundedCaptioner`: wraps a captioner that cannot read (the demo's scene-metadata lookup) and
   adds the OCR'd text where its caption does not already quote it; named for both halves.
+
+The VLM helpers (`load_vlm`, `chat_text`, `vlm_inputs`, `GenerationSettings`) are shared with the other
+VLM users: the classify stage's `VLMLabeller` loads, prompts and batches through them too.
 """
 
 from __future__ import annotations
@@ -56,23 +59,39 @@ def build_prompt(template: str, row: dict) -> str:
     return template.format(ocr=ocr_clause(row.get("ocr_text") or ""), width=row["width"], height=row["height"], format=row.get("format") or "unknown")
 
 
+def load_vlm(path: str, device: str = "cpu"):
+    """Model + processor from one local folder (the product's only loading path; tests use it too).
+
+    Shared by every VLM user (this captioner, assets.classify.VLMLabeller); loaded once per process."""
+    return _load_vlm(path, device)
+
+
 @lru_cache(maxsize=2)
-def load_vlm(path: str):
-    """Model + processor from one local folder (the product's only loading path; tests use it too)."""
+def _load_vlm(path: str, device: str):
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     processor = AutoProcessor.from_pretrained(path)
-    processor.tokenizer.padding_side = "left"  # batched generation continues every prompt from its end
-    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    processor.tokenizer.padding_side = "left"  # batched: every prompt ends at the last position, where the answer starts
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval().to(device)
     return model, processor
 
 
-def _chat_text(processor, prompt: str) -> str:
+def chat_text(processor, prompt: str) -> str:
+    """One image and one instruction as the model expects them: its chat template, with the answer prompt."""
     if getattr(processor, "chat_template", None):
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
         return processor.apply_chat_template(messages, add_generation_prompt=True)
     return f"{processor.image_token}\n{prompt}"  # processors without a template: image placeholder, then the ask
+
+
+
+
+def vlm_inputs(processor, uris: list[str], prompts: list[str], device: str = "cpu", max_pixels: int = 64_000_000):
+    """One padded batch: each image opened as every stage opens it (EXIF-upright RGB), each prompt in the chat template."""
+    images = [open_rgb(read_bytes(u), max_pixels) for u in uris]
+    texts = [chat_text(processor, p) for p in prompts]
+    return processor(images=images, text=texts, return_tensors="pt", padding=True).to(device)
 
 
 class VLMCaptioner:
@@ -98,9 +117,7 @@ class VLMCaptioner:
         out: list[str | None] = []
         for start in range(0, len(records), self.batch_size):
             batch = records[start : start + self.batch_size]
-            images = [open_rgb(read_bytes(r["uri"])) for r in batch]
-            texts = [_chat_text(self.processor, build_prompt(self.prompt, r)) for r in batch]
-            inputs = self.processor(images=images, text=texts, return_tensors="pt", padding=True)
+            inputs = vlm_inputs(self.processor, [r["uri"] for r in batch], [build_prompt(self.prompt, r) for r in batch])
             seed_everything(self.settings.seed + start)
             with torch.no_grad():
                 ids = self.model.generate(**inputs, **self.settings.kwargs())

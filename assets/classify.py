@@ -2,8 +2,9 @@
 
 For each configured head (`data.classify.heads`):
 1. a `Labeller` labels a sample of rows (the smallest sha1(seed:id), so the sample is the same on
-   every machine): a rule over the row's measured columns for the demo; a VLM asked a task prompt
-   is the production labeller (same interface);
+   every machine): a rule over the row's measured columns for the demo (`RuleLabeller`); in
+   production a VLM asked a yes / no task prompt per image (`VLMLabeller`, same interface), whose
+   label is p(positive answer) >= 0.5 from its next-token logits;
 2. a head (logistic regression, or a small MLP) is trained on the embeddings of part of the sample,
    calibrated (Platt scaling, cross-validated), and evaluated on the held-out part: precision and
    recall at the head's threshold, reported in `HeadReport`;
@@ -20,12 +21,13 @@ from __future__ import annotations
 import hashlib
 import operator
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
 
+from assets.captioners import GenerationSettings, load_vlm, vlm_inputs
 from assets.embed import matrix
 from kiln.config import ClassifyConfig, HeadConfig, KilnConfig
 from kiln.reasons import Reason
@@ -37,6 +39,7 @@ from kiln.stage import Rejects, Stage, StageOutput
 @runtime_checkable
 class Labeller(Protocol):
     name: str
+    decoding: dict  # how the labels were produced (rule, or model path + prompt + decoding settings)
 
     def label(self, rows: pa.Table) -> np.ndarray:
         """One bool per row: does the row have the property the head learns?"""
@@ -58,6 +61,7 @@ class RuleLabeller:
                 raise ValueError(f"cannot parse rule clause {part!r} (expected 'column op number')")
             self.clauses.append((m.group(1), OPS[m.group(2)], float(m.group(3))))
         self.name = f"rules:{rule}"
+        self.decoding = {"method": "rule", "rule": rule}
 
     def label(self, rows: pa.Table) -> np.ndarray:
         out = np.zeros(rows.num_rows, bool)
@@ -68,10 +72,84 @@ class RuleLabeller:
         return out
 
 
-def make_labeller(cfg: ClassifyConfig, head: HeadConfig) -> Labeller:
-    if cfg.labeller == "rules":
+def answer_token_ids(tokenizer, word: str) -> list[int]:
+    """The tokens an answer `word` can start with: the first non-blank token of "yes", " yes", "Yes", " Yes".
+
+    Models answer with or without a leading space and capitalised or not; scoring every spelling's first
+    token (their probabilities summed) does not depend on which one a given model prefers. Spellings the
+    tokenizer does not know (its unknown token) are left out."""
+    ids: list[int] = []
+    for form in dict.fromkeys([word.strip(), word.strip().lower(), word.strip().capitalize()]):
+        for text in (form, " " + form):
+            for t in tokenizer.encode(text, add_special_tokens=False):
+                if tokenizer.decode([t]).strip():  # SentencePiece may emit a lone "▁" first: skip it
+                    if t != tokenizer.unk_token_id and t not in ids:
+                        ids.append(t)
+                    break
+    return ids
+
+
+class VLMLabeller:
+    """A VLM asked the task prompt about each image; the label is whether it would answer `positive`.
+
+    Per image: the prompt in the model's chat template after the image, one greedy step, and from that
+    step's logits p = softmax([logsumexp(positive tokens), logsumexp(negative tokens)])[0], i.e. how
+    much more the model leans to "yes" than to "no". No free text is parsed, so a model that would go
+    on to ramble, or a random test model, still gives a probability. `label` is p >= 0.5. Batched
+    through generate (left-padded, attention-masked, so each prompt's answer starts at its own last
+    position): the same rows give the same probabilities, up to float rounding, whatever the batch size."""
+
+    def __init__(self, path: str, prompt: str, positive: str = "yes", negative: str = "no", batch_size: int = 8,
+                 device: str = "cpu", max_pixels: int = 64_000_000):
+        self.path, self.prompt, self.batch_size, self.device, self.max_pixels = path, prompt, batch_size, device, max_pixels
+        self.model, self.processor = load_vlm(path, device)
+        tok = self.processor.tokenizer
+        pos, neg = answer_token_ids(tok, positive), answer_token_ids(tok, negative)
+        shared = set(pos) & set(neg)
+        self.positive_ids, self.negative_ids = [t for t in pos if t not in shared], [t for t in neg if t not in shared]
+        for word, ids in ((positive, self.positive_ids), (negative, self.negative_ids)):
+            if not ids:
+                raise ValueError(f"answer word {word!r} has no token of its own in {path}'s tokenizer "
+                                 f"(unknown, or its first token is shared with the other answer)")
+        self.settings = GenerationSettings(max_new_tokens=1, min_new_tokens=0)  # greedy, one step: only its logits are read
+        self.name = f"vlm:{self.model.config.model_type}:{path.rstrip('/').split('/')[-1]}"
+        self.decoding = {
+            "model": path, "prompt": prompt, "positive": positive, "negative": negative,
+            "positive_tokens": tok.convert_ids_to_tokens(self.positive_ids), "negative_tokens": tok.convert_ids_to_tokens(self.negative_ids),
+            "method": "next-token logits: p = softmax(logsumexp(positive), logsumexp(negative)); label = p >= 0.5",
+            "batch_size": batch_size, "device": device, **asdict(self.settings),
+        }
+
+    def probabilities(self, rows: pa.Table) -> np.ndarray:
+        """p(positive answer) per row, float64."""
+        import torch
+
+        uris = rows.column("uri").to_pylist()
+        out = []
+        for start in range(0, len(uris), self.batch_size):
+            batch = uris[start : start + self.batch_size]
+            inputs = vlm_inputs(self.processor, batch, [self.prompt] * len(batch), self.device, self.max_pixels)
+            with torch.no_grad():
+                gen = self.model.generate(**inputs, **self.settings.kwargs(), output_logits=True, return_dict_in_generate=True)
+            logp = gen.logits[0].float().log_softmax(-1)  # the first generated position's raw logits
+            pair = torch.stack([logp[:, self.positive_ids].logsumexp(-1), logp[:, self.negative_ids].logsumexp(-1)], -1)
+            out.append(pair.softmax(-1)[:, 0].double().cpu().numpy())
+        return np.concatenate(out) if out else np.zeros(0, np.float64)
+
+    def label(self, rows: pa.Table) -> np.ndarray:
+        return self.probabilities(rows) >= 0.5
+
+
+def make_labeller(head: HeadConfig, max_pixels: int) -> Labeller:
+    """The head's labeller; `max_pixels` is the filter stage's limit, applied again when a VLM opens the images."""
+    if head.labeller == "rules":
+        assert head.rule is not None  # the config guarantees it
         return RuleLabeller(head.rule)
-    raise ValueError(f"unknown labeller {cfg.labeller!r}")
+    if head.labeller == "vlm":
+        v = head.vlm
+        assert v is not None
+        return VLMLabeller(v.vlm_path, v.prompt, v.positive, v.negative, v.batch_size, v.device, max_pixels)
+    raise ValueError(f"unknown labeller {head.labeller!r}")
 
 
 # -------------------------------------------------------------------------------------------- heads
@@ -91,6 +169,7 @@ class HeadReport:
     recall_at_half: float | None
     rejected: int = 0
     note: str = ""
+    labeller_decoding: dict = field(default_factory=dict)  # the labeller's `decoding`: rule, or model path, prompt, settings
 
 
 def sample_order(ids: list[str], seed: int) -> np.ndarray:
@@ -121,14 +200,14 @@ def _pr(y: np.ndarray, pred: np.ndarray) -> tuple[float | None, float | None]:
     return precision, recall
 
 
-def train_head(table: pa.Table, x: np.ndarray, cfg: ClassifyConfig, head: HeadConfig) -> tuple[np.ndarray | None, HeadReport]:
+def train_head(table: pa.Table, x: np.ndarray, cfg: ClassifyConfig, head: HeadConfig, max_pixels: int) -> tuple[np.ndarray | None, HeadReport]:
     """Pseudo-label a sample, train + calibrate + evaluate a head; return every row's probability."""
-    labeller = make_labeller(cfg, head)
+    labeller = make_labeller(head, max_pixels)
     order = sample_order(table.column("id").to_pylist(), cfg.seed)[: cfg.sample]
     y = labeller.label(table.take(pa.array(order)))
     n_hold = max(1, int(round(len(order) * cfg.holdout)))
     tr, ho = np.arange(len(order) - n_hold), np.arange(len(order) - n_hold, len(order))
-    base = dict(head=head.name, labeller=labeller.name, n_train=len(tr), n_holdout=len(ho),
+    base = dict(head=head.name, labeller=labeller.name, labeller_decoding=labeller.decoding, n_train=len(tr), n_holdout=len(ho),
                 positives_train=int(y[tr].sum()), positives_holdout=int(y[ho].sum()), threshold=head.threshold)
     if len(np.unique(y[tr])) < 2:
         return None, HeadReport(**base, trained=False, precision=None, recall=None, precision_at_half=None,
@@ -153,7 +232,7 @@ def classify_rows(table: pa.Table, cfg: KilnConfig, stage: str = "classify") -> 
     done = np.zeros(table.num_rows, bool)
     reports = []
     for head in c.heads:
-        probs, report = train_head(table, x, c, head)
+        probs, report = train_head(table, x, c, head, cfg.data.filters.max_pixels)
         n_rej = 0
         if probs is not None and head.reject:
             for r in np.flatnonzero((probs >= head.threshold) & ~done):

@@ -110,6 +110,9 @@ def checkpoint(context, kiln: KilnResource) -> dg.MaterializeResult:
 
         train(kiln.path("train_set"), out, cfg)
     md.update(_scalars(json.loads((out / "train_state.json").read_text())))
+    throughput = out / "throughput.json"  # samples/s, tokens/s, TFLOP/s per device, MFU (on known GPUs), spike counts
+    if throughput.exists():
+        md.update(_scalars(json.loads(throughput.read_text()), "throughput."))
     loss_png = out / "loss.png"
     if loss_png.exists():
         md["loss_curve"] = dg.MetadataValue.md(markdown_image(loss_png.read_bytes(), "loss"))

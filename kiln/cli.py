@@ -42,7 +42,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from training.trainer import train
 
-    ckpt = train(Path(args.data), Path(args.out), _cfg(args.overrides))
+    ckpt = train(Path(args.data), Path(args.out), _cfg(args.overrides), resume=args.resume)
     print(f"checkpoint: {ckpt}")
     return 0
 
@@ -97,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train the DiT on a packed training set")
     t.add_argument("--data", required=True, help="a pack stage output folder")
     t.add_argument("--out", required=True, help="checkpoint folder")
+    t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/dcp (else start clean)")
     t.add_argument("overrides", nargs="*")
     t.set_defaults(fn=cmd_train)
 

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from kiln.paths import CONF_DIR
 
@@ -146,19 +146,45 @@ class EmbedConfig(Strict):
     size: int = Field(64, ge=16, description="classical descriptor: side of the square the image is resized to")
 
 
+class VLMLabellerConfig(Strict):
+    """A VLM asked a yes / no task prompt per image (assets.classify.VLMLabeller)."""
+
+    vlm_path: str = Field(description="image-text-to-text model + processor folder, loaded through AutoModelForImageTextToText")
+    prompt: str = Field(description="the task asked of each image, e.g. \"Is this image AI-generated? Answer yes or no.\"")
+    positive: str = Field("yes", min_length=1, description="answer word meaning the row has the property (its first token is scored)")
+    negative: str = Field("no", min_length=1, description="answer word meaning it does not")
+    batch_size: int = Field(8, ge=1, description="images per forward pass")
+    device: str = Field("cpu", description="cpu or cuda[:n]")
+
+    @model_validator(mode="after")
+    def _answers_differ(self) -> VLMLabellerConfig:
+        if self.positive.strip().lower() == self.negative.strip().lower():
+            raise ValueError(f"positive and negative answer words are the same ({self.positive!r})")
+        return self
+
+
 class HeadConfig(Strict):
-    """One pseudo-label classifier: a labeller rule on a sample, a head on the embeddings, a filter."""
+    """One pseudo-label classifier: a labeller on a sample, a head on the embeddings, a filter."""
 
     name: str
     reason: Literal["ai_generated", "artifact", "low_quality"]
-    rule: str = Field(description="pseudo-label rule over row columns, e.g. \"laplacian_var < 40 or entropy < 4\"")
+    labeller: Literal["rules", "vlm"] = Field("rules", description="rules: `rule` over the row's columns; vlm: the `vlm` block")
+    rule: str | None = Field(None, description="labeller=rules: rule over row columns, e.g. \"laplacian_var < 40 or entropy < 4\"")
+    vlm: VLMLabellerConfig | None = Field(None, description="labeller=vlm: the model, task prompt and answer words")
     threshold: float = Field(0.9, ge=0, le=1, description="reject when the calibrated probability is at least this")
     reject: bool = Field(True, description="False: train and report only")
 
+    @model_validator(mode="after")
+    def _labeller_is_configured(self) -> HeadConfig:
+        if self.labeller == "rules" and (self.rule is None or self.vlm is not None):
+            raise ValueError(f"head {self.name!r}: labeller=rules needs `rule` and no `vlm` block")
+        if self.labeller == "vlm" and (self.vlm is None or self.rule is not None):
+            raise ValueError(f"head {self.name!r}: labeller=vlm needs a `vlm` block (vlm_path, prompt, ...) and no `rule`")
+        return self
+
 
 class ClassifyConfig(Strict):
-    labeller: Literal["rules"] = "rules"
-    heads: list[HeadConfig] = Field(default_factory=list)
+    heads: list[HeadConfig] = Field(default_factory=list, description="each head chooses its own labeller")
     model: Literal["logistic", "mlp"] = "logistic"
     sample: int = Field(2000, ge=10, description="rows pseudo-labelled (smallest sha1(seed, id))")
     holdout: float = Field(0.3, gt=0, lt=1, description="share of the labelled sample kept for evaluation")
@@ -283,6 +309,15 @@ class DCPConfig(Strict):
     async_save: bool = True
 
 
+class TelemetryConfig(Strict):
+    """What the trainer records besides the loss (training/telemetry.py, training/gpu_telemetry.py)."""
+
+    spike_window: int = Field(50, ge=2, description="steps in the trailing window of the loss / grad-norm spike detector")
+    spike_z: float = Field(6.0, gt=0, description="a value this many standard deviations above the window mean is a spike")
+    peak_tflops: float | None = Field(None, gt=0, description="one device's peak TFLOP/s for MFU; None = known GPUs from a table, else no MFU")
+    gpu_every: int = Field(10, ge=0, description="record NVML counters every N steps on a GPU; 0 = never")
+
+
 class TrainConfig(Strict):
     steps: int = Field(1500, ge=1)
     batch_size: int = Field(32, ge=1)
@@ -308,6 +343,8 @@ class TrainConfig(Strict):
     optim: OptimConfig = OptimConfig()
     repa: RepaConfig = RepaConfig()
     dcp: DCPConfig = DCPConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
+    loader_workers: int = Field(1, ge=0, description="threads preparing the next batches (autoencoder latents, cache reads); 0 = in the step")
     init_from: str | None = Field(None, description="checkpoint folder whose weights start this stage (256 -> 512 -> 1024 -> mid -> SFT)")
 
 
@@ -385,17 +422,45 @@ def conf_dir() -> Path:
     return Path(os.environ.get("KILN_CONF", CONF_DIR))
 
 
+def _hydra_compose(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(conf_dir().resolve())):
+        return compose("config", overrides=overrides, return_hydra_config=True)
+
+
+def _add_missing_keys(overrides: list[str]) -> list[str]:
+    """`train.parallel.tp=2` where the YAML never wrote `train.parallel` is still a key of the config (a
+    pydantic default): Hydra only overrides keys it has, so such overrides become appends (`+key=value`).
+    A key that is not in the schema either is appended too, and validation then names it as unknown."""
+    from omegaconf import OmegaConf
+
+    groups = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in GROUPS]
+    base = _hydra_compose(groups)
+    missing = object()
+    out = []
+    for o in overrides:
+        key = o.split("=", 1)[0]
+        if "=" in o and not key.startswith(("+", "~")) and key not in GROUPS and OmegaConf.select(base, key, default=missing) is missing:
+            o = "+" + o
+        out.append(o)
+    return out
+
+
 def compose_raw(overrides: list[str] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """Compose with Hydra; return the plain dict and the chosen option of each group."""
-    from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
     overrides = list(overrides or [])
     try:
-        with initialize_config_dir(config_dir=str(conf_dir().resolve())):
-            cfg = compose("config", overrides=overrides, return_hydra_config=True)
+        try:
+            cfg = _hydra_compose(overrides)
+        except HydraException as e:
+            if "Could not override" not in str(e):
+                raise
+            cfg = _hydra_compose(_add_missing_keys(overrides))
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(f"cannot compose config from {conf_dir()} with overrides {overrides}: {e}") from e
     choices = {k: str(v) for k, v in cfg.hydra.runtime.choices.items() if k in GROUPS}

@@ -10,6 +10,8 @@ else shift_factor/scaling_factor). Encoding uses the posterior mode, so it is de
 from __future__ import annotations
 
 import hashlib
+import os
+import threading
 from pathlib import Path
 from typing import Protocol
 
@@ -139,7 +141,7 @@ class LatentCache:
         if missing:
             fresh = self.ae.encode(images[missing]).cpu()
             for j, i in enumerate(missing):
-                tmp = paths[i].with_suffix(".tmp")
+                tmp = paths[i].with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")  # ranks and loader threads may race
                 save_file({"latent": fresh[j].contiguous()}, str(tmp))
                 tmp.replace(paths[i])
         return torch.stack([load_file(str(p))["latent"] for p in paths])

@@ -106,7 +106,7 @@ def launch(spec: TaskSpec, cfg: KilnConfig) -> submitit.Job:
 
 
 def train_task(data: Path, out: Path) -> TaskSpec:
-    """The trainer as a Slurm task. resume=True: a requeued job (and a resubmission into the same `out`)
-    continues from the checkpoint there. distributed=False: the trainer is single-process for now, so it
-    gets one task (one GPU); flip to True when its FSDP2 version lands (nodes x gpus_per_node tasks)."""
-    return TaskSpec("training.trainer:train", (Path(data).resolve(), Path(out).resolve()), {"resume": True}, distributed=False, name="kiln-train")
+    """The trainer as a Slurm job: one task per GPU over `nodes` nodes, FSDP2 x TP over them
+    (`train.parallel.tp`). resume=True: a requeued job (and a resubmission into the same `out`) continues
+    from the newest DCP checkpoint there."""
+    return TaskSpec("training.trainer:train", (Path(data).resolve(), Path(out).resolve()), {"resume": True}, distributed=True, name="kiln-train")

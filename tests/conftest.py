@@ -34,6 +34,27 @@ def text_encoder_dir(tmp_path_factory):
     return write_tiny_text_encoder(tmp_path_factory.mktemp("bert"))
 
 
+@pytest.fixture(scope="session")
+def vit_teacher_dir(tmp_path_factory):
+    """A tiny random ViT saved to disk: a REPA teacher / feature extractor loaded by path like DINOv2."""
+    import torch
+    from transformers import ViTConfig, ViTModel
+
+    torch.manual_seed(0)
+    cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    d = tmp_path_factory.mktemp("vit")
+    ViTModel(cfg, add_pooling_layer=False).eval().save_pretrained(str(d))
+    return d
+
+
+@pytest.fixture(scope="session")
+def vlm(tmp_path_factory):
+    """A tiny random LLaVA (CLIP vision tower + Llama) saved to disk: the captioner's and labeller's VLM."""
+    from caption_fixtures import write_tiny_vlm
+
+    return write_tiny_vlm(tmp_path_factory.mktemp("vlm"))
+
+
 SLURM_SCRIPT = REPO_ROOT / "scripts" / "slurm-local.sh"
 
 

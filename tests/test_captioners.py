@@ -15,14 +15,13 @@ from caption_fixtures import (
     scene_image,
     shape,
     sign,
-    write_tiny_vlm,
 )
 
 from assets.caption import Captioner, make_captioner
 from assets.captioners import (
     OCRGroundedCaptioner,
     VLMCaptioner,
-    _chat_text,
+    chat_text,
     build_prompt,
     caption_ocr_stage,
     load_vlm,
@@ -33,11 +32,6 @@ from kiln.schemas import OCR_CAPTIONED, check_schema
 
 torch.set_num_threads(1)
 PROMPT = "Describe this image in detail.{ocr} The image is {width}x{height} pixels."
-
-
-@pytest.fixture(scope="module")
-def vlm(tmp_path_factory):
-    return write_tiny_vlm(tmp_path_factory.mktemp("vlm"))
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +52,7 @@ def test_vlm_captioner_loads_by_path_and_generates_batched_with_its_settings_rec
     captioner = make_captioner(cfg.data.caption)
     assert isinstance(captioner, VLMCaptioner) and isinstance(captioner, Captioner) and captioner.name == "vlm:llava"
     _, processor = load_vlm(str(vlm))
-    text = _chat_text(processor, build_prompt(PROMPT, rows.to_pylist()[0]))
+    text = chat_text(processor, build_prompt(PROMPT, rows.to_pylist()[0]))
     assert '"SALE"' in text and "112x104" in text and processor.image_token in text
 
     out = caption_ocr_stage(rows, cfg)

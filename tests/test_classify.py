@@ -1,11 +1,16 @@
-"""Pseudo-label heads: a rule labels a sample, a calibrated head learns it from embeddings, filters every row."""
+"""Pseudo-label heads: a labeller (a rule, or a VLM asked a yes / no prompt) labels a sample, a calibrated
+head learns it from embeddings, filters every row."""
 
+import numpy as np
 import pyarrow as pa
 import pytest
+from caption_fixtures import deduped_rows, scene_image, shape, sign
 
-from assets.classify import RuleLabeller, classify_rows, sample_order
-from kiln.config import load_config
+from assets.classify import Labeller, RuleLabeller, VLMLabeller, classify_rows, make_labeller, sample_order
+from assets.embed import ClassicalEmbedder, embed_rows
+from kiln.config import ConfigError, load_config
 from kiln.reasons import Reason
+from kiln.schemas import EMBEDDED, check_schema
 from kiln.stage import check_accounting, read_dataset
 
 
@@ -69,3 +74,90 @@ def test_classify_is_deterministic(demo_embedded):
     a, ra = classify_rows(table, cfg)
     b, rb = classify_rows(table, cfg)
     assert a.kept.equals(b.kept) and a.rejected.equals(b.rejected) and ra == rb
+
+
+# ------------------------------------------------------------------------------------ VLM labeller
+# A tiny random LLaVA (CLIP vision tower + Llama), saved to a folder and loaded through the product's
+# own from_pretrained path. Its answers mean nothing; these tests check the plumbing: one probability
+# per row from the "yes" vs "no" next-token logits, repeatable, independent of the batch size.
+AI_PROMPT = "Is this image AI-generated? Answer yes or no."
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory):
+    """Six drawn scenes (signs and shapes) through the embed stage: EMBEDDED rows the classify stage reads."""
+    d = tmp_path_factory.mktemp("scenes")
+    paths = [scene_image(d, f"sign{i}", sign(w, c)) for i, (w, c) in enumerate([("SALE", "red"), ("OPEN", "yellow"), ("STOP", "white")])]
+    paths += [scene_image(d, f"shape{i}", shape(n, c)) for i, (n, c) in enumerate([("circle", "yellow"), ("square", "red"), ("triangle", "green")])]
+    out = embed_rows(deduped_rows(paths), ClassicalEmbedder(), max_pixels=64_000_000)
+    return check_schema(out.kept, EMBEDDED, "embed")
+
+
+def vlm_head(path, threshold=0.5, **vlm):
+    """The override a user writes for one VLM-labelled head (conf/data/*.yaml takes the same keys)."""
+    block = {"vlm_path": str(path), "prompt": AI_PROMPT, **vlm}
+    fields = ", ".join(f"{k}: {v!r}" if isinstance(v, str) else f"{k}: {v}" for k, v in block.items())
+    return [f"data.classify.heads=[{{name: ai, reason: ai_generated, labeller: vlm, vlm: {{{fields}}}, threshold: {threshold}}}]",
+            "data.classify.holdout=0.5"]
+
+
+def vlm_labeller(path, **vlm) -> VLMLabeller:
+    cfg = load_config(vlm_head(path, **vlm))
+    return make_labeller(cfg.data.classify.heads[0], cfg.data.filters.max_pixels)
+
+
+def test_vlm_labeller_loads_the_model_by_path_and_gives_one_probability_per_row(vlm, embedded):
+    labeller = vlm_labeller(vlm, batch_size=4)
+    assert isinstance(labeller, VLMLabeller) and isinstance(labeller, Labeller) and labeller.name == f"vlm:llava:{vlm.name}"
+    p = labeller.probabilities(embedded)
+    assert p.shape == (embedded.num_rows,) and ((p > 0) & (p < 1)).all()
+    labels = labeller.label(embedded)
+    assert labels.dtype == bool and labels.tolist() == (p >= 0.5).tolist()
+    # how the labels were made travels with them: model, prompt, the scored answer tokens, greedy one-step decoding
+    d = labeller.decoding
+    assert d["model"] == str(vlm) and d["prompt"] == AI_PROMPT and d["batch_size"] == 4 and d["device"] == "cpu"
+    assert (d["positive_tokens"], d["negative_tokens"]) == (["yes"], ["no"])
+    assert (d["max_new_tokens"], d["num_beams"], d["do_sample"]) == (1, 1, False)
+
+
+def test_vlm_labels_repeat_and_do_not_depend_on_the_batch_size(vlm, embedded):
+    one, three = vlm_labeller(vlm, batch_size=1), vlm_labeller(vlm, batch_size=3)
+    p = one.probabilities(embedded)
+    np.testing.assert_array_equal(p, one.probabilities(embedded))  # greedy, no sampling: the same every call
+    np.testing.assert_allclose(three.probabilities(embedded), p, atol=1e-6)
+    assert one.label(embedded).tolist() == three.label(embedded).tolist()
+
+
+def test_the_probability_compares_the_positive_and_negative_answer_words(vlm, embedded):
+    yes = vlm_labeller(vlm).probabilities(embedded)
+    no = vlm_labeller(vlm, positive="no", negative="yes").probabilities(embedded)
+    np.testing.assert_allclose(yes + no, 1.0, atol=1e-6)  # swapping the words asks the complementary question
+
+
+def test_an_answer_word_the_tokenizer_does_not_know_fails_clearly(vlm):
+    with pytest.raises(ValueError, match="'maybe' has no token"):
+        vlm_labeller(vlm, positive="maybe")
+
+
+def test_the_labeller_config_is_strict(vlm):
+    with pytest.raises(ConfigError, match=r"data\.classify\.heads\.0\.vlm\.vlm_pth: unknown key"):
+        load_config(vlm_head(vlm, vlm_pth="/models/typo"))
+    with pytest.raises(ConfigError, match="labeller=vlm needs a `vlm` block"):
+        load_config(["data.classify.heads=[{name: ai, reason: ai_generated, labeller: vlm, rule: 'width > 1'}]"])
+    with pytest.raises(ConfigError, match="labeller=rules needs `rule`"):
+        load_config(["data.classify.heads=[{name: q, reason: low_quality}]"])
+    with pytest.raises(ConfigError, match="answer words are the same"):
+        load_config(vlm_head(vlm, positive="yes", negative="Yes"))
+
+
+def test_classify_stage_with_a_vlm_labeller_accounts_for_every_row(vlm, embedded):
+    cfg = load_config(vlm_head(vlm, batch_size=2))
+    out, [report] = classify_rows(embedded, cfg)
+    check_accounting("classify", embedded, out)
+    assert out.kept.num_rows + out.rejected.num_rows == embedded.num_rows
+    assert set(out.rejected.column("reason").to_pylist()) <= {Reason.AI_GENERATED}
+    assert report.labeller == f"vlm:llava:{vlm.name}" and report.labeller_decoding["model"] == str(vlm)
+    assert report.n_train + report.n_holdout == embedded.num_rows  # the sample (at most 2000 rows) is every row here
+    assert report.positives_train + report.positives_holdout == vlm_labeller(vlm).label(embedded).sum()  # the VLM's labels
+    # a random model says "yes" to everything or nothing more often than not: then the head says so and rejects nothing
+    assert report.trained or ("single-class" in report.note and out.rejected.num_rows == 0)

@@ -38,6 +38,13 @@ def test_unknown_key_in_a_file_names_the_file(tmp_path, monkeypatch):
     assert "train.stepz: unknown key" in str(e.value) and str(conf / "train" / "demo.yaml") in str(e.value)
 
 
+def test_a_schema_key_the_yaml_never_wrote_is_overridable_and_a_typo_is_named():
+    cfg = load_config(["train.parallel.tp=2", "train.telemetry.spike_z=3"])  # conf/train/demo.yaml has neither
+    assert cfg.train.parallel.tp == 2 and cfg.train.telemetry.spike_z == 3.0 and cfg.train.steps == load_config([]).train.steps
+    with pytest.raises(ConfigError, match=r"train\.parallel\.tpp: unknown key \(from override 'train\.parallel\.tpp=2'\)"):
+        load_config(["train.parallel.tpp=2"])
+
+
 def test_bad_value_is_a_clear_error():
     with pytest.raises(ConfigError, match="train.steps"):
         load_config(["train.steps=abc"])

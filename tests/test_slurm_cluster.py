@@ -7,12 +7,15 @@ In CI (CI=true) a cluster that cannot start fails the run instead of skipping it
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from kiln.config import load_config
 from kiln.stage import run_stage
@@ -49,6 +52,31 @@ def test_two_gloo_tasks_on_the_gpu_partition_reach_the_in_process_loss(cfg, tmp_
     assert report.stdout.exists() and "Job completed successfully" in report.stdout.read_text()
 
 
+def test_the_trainer_as_a_two_task_job_reaches_the_in_process_loss(cfg, tmp_path, text_encoder_dir):
+    """`kiln submit train`'s task: the real trainer, FSDP2 over 2 gloo ranks (one per fake GPU), against
+    the same run in this process; the job resumes from DCP, so it is also what a requeue continues."""
+    from training.telemetry import read_metrics
+    from training.testing import scene_rows, tiny_config, write_pack_output
+    from training.trainer import train
+    from slurm.launcher import train_task
+
+    data = write_pack_output(tmp_path / "pack", scene_rows(24, seed=3, buckets=((32, 32),), batch_size=8))
+    run = tiny_config(text_encoder_dir, steps=4, warmup_steps=1, holdout=0)
+    gpu = cfg.cluster.model_copy(update={"partition": "gpu", "gpus_per_node": 2})
+    report = submit_and_wait(train_task(data, tmp_path / "job"), run.model_copy(update={"cluster": gpu}), log=quiet)
+    reference = train(data, tmp_path / "inproc", run)
+
+    assert report.state == "COMPLETED" and len(report.results) == 2
+    job, ref = read_metrics(tmp_path / "job" / "metrics.jsonl"), read_metrics(reference / "metrics.jsonl")
+    assert [r["step"] for r in job] == [1, 2, 3, 4] and all(r["devices"] == 2 for r in job)
+    assert [r["loss"] for r in job] == pytest.approx([r["loss"] for r in ref], rel=1e-5)
+    assert [r["grad_norm"] for r in job] == pytest.approx([r["grad_norm"] for r in ref], rel=1e-4)
+    state = json.loads((tmp_path / "job" / "dcp" / "step-000004" / "train_state.json").read_text())
+    assert state["world_size"] == 2 and state["tp"] == 1
+    a, b = load_file(str(tmp_path / "job" / "model.safetensors")), load_file(str(reference / "model.safetensors"))
+    assert sorted(a) == sorted(b) and max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-4
+
+
 def _checkpoint_step(path: Path) -> int:
     if not path.exists():
         return 0
@@ -81,6 +109,33 @@ def test_a_preempted_job_is_requeued_and_resumes_from_its_checkpoint(cfg, tmp_pa
     for r in report.results:
         assert r["weights"] == pytest.approx(reference["weights"], abs=1e-7)
         assert r["losses"] == pytest.approx(reference["losses"], abs=1e-7)
+
+
+def test_a_preempted_training_job_resumes_from_dcp_to_the_uninterrupted_run(cfg, tmp_path, text_encoder_dir):
+    from training.dcp import complete_checkpoints
+    from training.telemetry import read_metrics
+    from training.testing import scene_rows, tiny_config, write_pack_output
+    from training.trainer import train
+    from slurm.launcher import train_task
+
+    data = write_pack_output(tmp_path / "pack", scene_rows(24, seed=4, buckets=((32, 32),), batch_size=8))
+    run = tiny_config(text_encoder_dir, steps=60, warmup_steps=2, holdout=0, dcp={"every": 4, "keep": 2, "async_save": False})
+    one_gpu = cfg.cluster.model_copy(update={"partition": "gpu", "gpus_per_node": 1})
+    out = tmp_path / "job"
+    job = submit(train_task(data, out), run.model_copy(update={"cluster": one_gpu}), log=quiet)
+    _wait_until(lambda: any(int(d.name.split("-")[1]) >= 8 for d in complete_checkpoints(out)), 180, "two checkpoints")
+    job._interrupt()  # SIGTERM then USR2, as before a preemption: submitit requeues the job
+    _wait_until(lambda: query_states([job.job_id]).get(job.job_id).state == "PENDING", 60, "the requeue")
+    subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=True, timeout=30)
+    report = watch(job, cfg, log=quiet)
+    reference = train(data, tmp_path / "inproc", run)
+
+    assert report.restarts == 1
+    resumed, whole = read_metrics(out / "metrics.jsonl"), read_metrics(reference / "metrics.jsonl")
+    assert [r["step"] for r in resumed] == list(range(1, 61))  # the steps redone after the checkpoint are logged once
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in whole]
+    a, b = load_file(str(out / "model.safetensors")), load_file(str(reference / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def _digests(folder: Path) -> dict[str, str]:

@@ -58,10 +58,10 @@ def _worker(rank: int, world: int, port: int, te_dir: str, out: str, cases: list
     import torch.distributed as dist
 
     from kiln.config import ParallelConfig, TrainConfig
-    from training.distributed import full_model_state, local_rows, sharded_step
+    from training.distributed import full_model_state, local_rows
     from training.muon import make_optimizer
     from training.parallel import build_mesh, parallelize
-    from training.trainer import step_generator
+    from training.trainer import Runtime, step_generator, train_step
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -78,10 +78,10 @@ def _worker(rank: int, world: int, port: int, te_dir: str, out: str, cases: list
         losses = []
         for step in range(STEPS):
             x0, text, null = _inputs(step)
-            cpu = torch.device("cpu")
-            a = sharded_step(sharded, opt_sh, x0, text, null, step_generator(0, step), tc, tc.lr, 1.0, local_rows(4, dp_rank, dp), dp, cpu)
-            b = sharded_step(ref, opt_ref, x0, text, null, step_generator(0, step), tc, tc.lr, 1.0, slice(None), 1, cpu)
-            losses.append((a[0], b[0], a[1], b[1]))
+            cpu = Runtime(torch.device("cpu"), None)
+            a = train_step(sharded, opt_sh, x0, text, null, step_generator(0, step), tc, tc.lr, 1.0, cpu, local_rows(4, dp_rank, dp), dp)
+            b = train_step(ref, opt_ref, x0, text, null, step_generator(0, step), tc, tc.lr, 1.0, cpu)
+            losses.append((a.loss, b.loss, a.grad_norm, b.grad_norm))
         full = full_model_state(sharded, 2)  # gathered on rank 0
         if rank != 0:
             continue

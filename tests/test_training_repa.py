@@ -8,17 +8,6 @@ from kiln.config import RepaConfig
 from training.repa import Projector, Repa, repa_active, repa_loss, teacher_targets
 
 
-@pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory):
-    from transformers import ViTConfig, ViTModel
-
-    torch.manual_seed(0)
-    cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
-    d = tmp_path_factory.mktemp("vit")
-    ViTModel(cfg, add_pooling_layer=False).eval().save_pretrained(str(d))
-    return d
-
-
 def test_the_loss_is_minus_the_mean_token_cosine():
     g = torch.Generator().manual_seed(0)
     h, y = torch.randn(2, 5, 8, generator=g), torch.randn(2, 5, 8, generator=g)
@@ -36,14 +25,14 @@ def test_irepa_normalises_teacher_features_over_positions():
 
 
 @pytest.mark.parametrize("kind", ["mlp", "conv"])
-def test_gradients_reach_the_projector_and_the_dit_but_not_the_teacher(text_encoder_dir, teacher_dir, kind):
+def test_gradients_reach_the_projector_and_the_dit_but_not_the_teacher(text_encoder_dir, vit_teacher_dir, kind):
     from model.generator import Generator
     from model.testing import micro_model_config
     from model.text_encoder import TextBatch
 
     torch.manual_seed(0)
     gen = Generator.build(micro_model_config(text_encoder_dir))
-    repa = Repa(gen, RepaConfig(teacher_path=str(teacher_dir), block=0, projector=kind, hidden=16))
+    repa = Repa(gen, RepaConfig(teacher_path=str(vit_teacher_dir), block=0, projector=kind, hidden=16))
     x = torch.rand(2, 3, 16, 16) * 2 - 1
     text = TextBatch(torch.randn(2, 3, 16, 32), torch.ones(2, 16, dtype=torch.bool))
     gen(x, torch.full((2,), 0.5), text)

@@ -66,7 +66,7 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def _state(model, opt, run: RunState) -> dict:
+def _state(model, opt, run: RunState, aux: dict | None = None) -> dict:
     model_sd, optim_sd = get_state_dict(model, opt)
     extra = {
         "step": torch.tensor(run.step),
@@ -78,25 +78,31 @@ def _state(model, opt, run: RunState) -> dict:
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         extra[f"rng_cuda_rank{_rank()}"] = torch.cuda.get_rng_state()
-    return {"model": model_sd, "optim": optim_sd, "extra": extra}
+    state = {"model": model_sd, "optim": optim_sd, "extra": extra}
+    for name, (module, module_opt) in (aux or {}).items():  # e.g. the REPA projector and its optimiser
+        state[f"aux_{name}_model"], state[f"aux_{name}_optim"] = get_state_dict(module, module_opt)
+    return state
 
 
 class Checkpointer:
     """Saves step checkpoints (async when configured), keeps the last `keep`, loads the latest."""
 
-    def __init__(self, out_dir: Path, keep: int = 3, async_save: bool = True, mesh_facts: dict | None = None):
+    def __init__(self, out_dir: Path, keep: int = 3, async_save: bool = True, mesh_facts: dict | None = None, aux: dict | None = None):
+        """`aux`: {name: (module, optimiser)} saved and restored with the model (trained parts that are
+        not the Generator's, such as the REPA projector)."""
         self.out_dir, self.keep, self.async_save = Path(out_dir), keep, async_save
         self.mesh_facts = mesh_facts or {}
+        self.aux = aux or {}
         self._pending = None  # (future, directory, run state)
 
     def save(self, model, opt, run: RunState) -> Path:
         self.wait()
         path = step_dir(self.out_dir, run.step)
-        state = _state(model, opt, run)
+        state = _state(model, opt, run, self.aux)
         if self.async_save:
-            self._pending = (dcp.async_save(state, checkpoint_id=str(path), process_group=self._cpu_group()), path, run)
+            self._pending = (dcp.async_save(state, checkpoint_id=str(path), process_group=self._cpu_group(), no_dist=not dist.is_initialized()), path, run)
         else:
-            dcp.save(state, checkpoint_id=str(path))
+            dcp.save(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
             self._finish(path, run)
         return path
 
@@ -137,9 +143,11 @@ class Checkpointer:
         for key, value in self.mesh_facts.items():
             if meta.get(key) != value:
                 raise ValueError(f"{path} was saved with {key}={meta.get(key)}, this run has {value}: resume with the same layout")
-        state = _state(model, opt, RunState(0, DataPosition()))
-        dcp.load(state, checkpoint_id=str(path))
+        state = _state(model, opt, RunState(0, DataPosition()), self.aux)
+        dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        for name, (module, module_opt) in self.aux.items():
+            set_state_dict(module, module_opt, model_state_dict=state[f"aux_{name}_model"], optim_state_dict=state[f"aux_{name}_optim"])
         extra = state["extra"]
         torch.set_rng_state(extra[f"rng_cpu_rank{_rank()}"])
         if f"rng_cuda_rank{_rank()}" in extra:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kiln.config import RepaConfig
+from kiln.config import ParallelConfig, RepaConfig
 
 
 class Teacher(nn.Module):
@@ -125,3 +125,23 @@ class Repa(nn.Module):
         target = teacher_targets(self.teacher(images), grid, spatial_norm=self.cfg.projector == "conv")
         tokens = image_tokens(self.tap.output, self.text_len, self.timestep_tokens, grid)
         return repa_loss(self.projector(tokens, grid), target.to(tokens.device))
+
+    def make_optimizer(self, mesh, train_cfg) -> torch.optim.Optimizer:
+        """AdamW for the projector (it is not part of the Generator's checkpoint). On a mesh the projector is
+        FSDP-sharded over dp, which averages its gradients like the model's; tp ranks hold the same rows."""
+        if mesh is not None:
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(self.projector, mesh=mesh["dp_shard"])
+        return torch.optim.AdamW(self.projector.parameters(), lr=train_cfg.lr, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+
+
+def build_repa(gen: nn.Module, cfg: RepaConfig, parallel: ParallelConfig, device: torch.device) -> Repa:
+    """The REPA term for a Generator about to be parallelised: the tap must be on the block before sharding."""
+    if parallel.sequence_parallel:
+        raise ValueError("train.repa with parallel.sequence_parallel is not supported: the tapped block's tokens are sharded over the sequence")
+    if not 0 <= cfg.block < len(gen.dit.blocks):
+        raise ValueError(f"train.repa.block={cfg.block} but the DiT has {len(gen.dit.blocks)} blocks")
+    repa = Repa(gen, cfg)
+    repa.teacher.to(device)
+    return repa.to(device)

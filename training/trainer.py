@@ -1,18 +1,25 @@
-"""The single-process trainer.
+"""The trainer: one loop from a laptop CPU to multi-node FSDP2 x TP.
 
-Three separable layers, so the FSDP2 + TP trainer can replace the outer two and keep the middle one:
-  * `setup_runtime`: threads, seeds, device, autocast (bf16 only on a GPU; weights stay fp32);
-  * `train_step`: one optimiser step on prepared tensors (no data loading, no logging);
-  * `train`: the loop: data stream, text-embedding cache, LR schedule, telemetry, checkpoint.
+`train(data_dir, out_dir, cfg)` runs plainly in one process (the demo, Dagster's checkpoint asset, `kiln
+train`), under torchrun, or as the tasks of a Slurm job (slurm/launcher.py): a launcher's environment
+(RANK / WORLD_SIZE / MASTER_ADDR) makes it join the job's process group and build the 2-D
+("dp_shard", "tp") mesh; without one there is no group and no mesh, and the same loop runs on one device.
 
-Randomness of a step (timesteps, noise, caption dropout) comes from a CPU generator seeded by
-(seed, step), so a resumed run draws exactly what the uninterrupted run would have drawn.
+Layers, so each can be tested alone:
+  * `setup_runtime`: threads, seeds, device;
+  * `train_step`: one optimiser step on one rank's rows of a global batch (no data loading, no logging);
+  * `train`: data stream and read-ahead, text-embedding cache, parallelism, LR schedule, REPA, telemetry,
+    DCP checkpoints (resume) and the exported checkpoint folder.
+
+Randomness of a step (timesteps, noise, caption dropout) comes from a CPU generator seeded by (seed, step)
+and is drawn for the global batch, so a resumed run draws exactly what the uninterrupted run would have
+drawn, and N ranks draw what one process draws.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +29,6 @@ import torch
 
 from kiln.config import KilnConfig, ModelConfig, TrainConfig
 from kiln.progress import log, progress
-from training.checkpoint import TrainState, load_optimizer, read_train_state, save_checkpoint
-from training.data import Batch, DataPosition, TrainSet, next_position
-from training.objective import drop_captions, flow_loss, num_image_tokens, sample_timesteps, timestep_shift
-from training.schedules import wsd_lr
-from training.telemetry import StepRecord, Telemetry
-from training.text_cache import TextCache
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,9 @@ class Runtime:
     autocast_dtype: torch.dtype | None  # None: full fp32
 
     def autocast(self):
+        """bf16 compute on a GPU (the weights stay fp32: PRX measured bf16-stored weights costing FID); fp32 on CPU."""
         if self.autocast_dtype is None:
-            return contextlib.nullcontext()
+            return torch.autocast(self.device.type, enabled=False)
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
 
@@ -46,8 +48,11 @@ def setup_runtime(cfg: TrainConfig) -> Runtime:
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
     device = torch.device(cfg.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"train.device={cfg.device} but no CUDA device is available")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"train.device={cfg.device} but no CUDA device is available")
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        device = torch.device("cuda", torch.cuda.current_device())
     return Runtime(device, torch.bfloat16 if device.type == "cuda" else None)
 
 
@@ -65,103 +70,169 @@ def init_generator(model: ModelConfig, seed: int, device: torch.device | str = "
     return Generator.build(model).to(device)
 
 
-def make_optimizer(gen: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW on the fp32 weights; no weight decay on gains, biases and other 1-D parameters."""
-    decay = [p for p in gen.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in gen.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
-
-
 @dataclass(frozen=True)
 class StepResult:
-    loss: float
+    loss: float  # global mean flow loss
     grad_norm: float
+    repa_loss: float | None = None  # global mean REPA term, when on
 
 
-def train_step(gen, opt: torch.optim.Optimizer, x0: torch.Tensor, text, null_text, rng: torch.Generator, cfg: TrainConfig, lr: float, shift: float, runtime: Runtime) -> StepResult:
-    """One optimiser step of rectified-flow v-prediction on a batch already on the device."""
+def train_step(gen, opt, x0, text, null_text, rng: torch.Generator, cfg: TrainConfig, lr: float, shift: float, runtime: Runtime, rows: slice = slice(None), dp_size: int = 1, repa=None, repa_opt=None, images=None) -> StepResult:
+    """One optimiser step of rectified-flow v-prediction on this rank's `rows` of a global batch.
+
+    The draws cover the whole batch, the loss is sum / global batch * dp_size (FSDP averages over dp):
+    with dp_size=1 and all rows it is the plain single-process step. `repa` (training.repa.Repa, with its
+    optimiser `repa_opt`) adds weight x the REPA term on `images`, the clean batch in [-1, 1] pixels."""
+    from training.distributed import all_reduce_sum, grad_norm_and_clip
+    from training.objective import drop_captions, flow_loss, sample_timesteps
+
     b = x0.shape[0]
-    t = sample_timesteps(b, rng, cfg.timestep_mean, cfg.timestep_std, shift, runtime.device)
-    eps = torch.randn(x0.shape, generator=rng).to(runtime.device)
+    device = runtime.device
+    t = sample_timesteps(b, rng, cfg.timestep_mean, cfg.timestep_std, shift, device)
+    eps = torch.randn(x0.shape, generator=rng).to(device)
     text = drop_captions(text, null_text, cfg.caption_dropout, rng)
-    for group in opt.param_groups:
-        group["lr"] = lr
+    for o in (opt, repa_opt):
+        for group in o.param_groups if o is not None else ():
+            group["lr"] = lr
+    x0_local = x0[rows]
     with runtime.autocast():
-        loss = flow_loss(gen, x0, eps, t, text).mean()
+        per_sample = flow_loss(gen, x0_local, eps[rows], t[rows], text[rows])
+        loss_sum = per_sample.sum()
+        objective = loss_sum * (dp_size / b)
+        repa_sum = torch.zeros(())
+        if repa is not None:
+            term = repa.loss(images[rows], tuple(x0.shape[-2:]))
+            repa_sum = term.detach() * per_sample.shape[0]
+            objective = objective + repa.cfg.weight * term * (per_sample.shape[0] * dp_size / b)
     opt.zero_grad(set_to_none=True)
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(gen.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+    if repa_opt is not None:
+        repa_opt.zero_grad(set_to_none=True)
+    objective.backward()
+    params = [p for p in gen.parameters() if p.requires_grad]
+    norm = grad_norm_and_clip(params, cfg.grad_clip)
     opt.step()
-    return StepResult(float(loss.detach()), float(grad_norm))
+    if repa_opt is not None:
+        repa_opt.step()
+    total, repa_total = all_reduce_sum([float(loss_sum.detach()), float(repa_sum)], device, dp_size)
+    return StepResult(total / b, norm, repa_total / b if repa is not None else None)
 
 
-def batch_tensors(gen, batch: Batch, cache: TextCache, device: torch.device):
-    x0 = gen.autoencoder.encode(batch.pixels).to(device)
-    return x0, cache.batch(batch.captions, device)
+def _fresh_output(out_dir: Path, resume: bool, rank: int) -> None:
+    """A run that does not resume starts clean: stale step checkpoints from another run would be resumed later."""
+    import torch.distributed as dist
+
+    if not resume and rank == 0 and (out_dir / "dcp").exists():
+        shutil.rmtree(out_dir / "dcp")
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _load_init_weights(gen, init_from: str | None) -> None:
+    """A chained stage (256 -> 512 -> 1024 -> mid -> SFT) starts from the previous stage's exported weights."""
+    if init_from:
+        from safetensors.torch import load_file
+
+        gen.load_state_dict(load_file(str(Path(init_from) / "model.safetensors")), strict=True)
 
 
 def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, stop_at: int | None = None) -> Path:
     """Train on a pack stage output; write the checkpoint folder `out_dir` and return it.
 
-    `resume=True` continues from the checkpoint already in `out_dir` (weights, AdamW state, data position,
-    step); `stop_at` ends the run early at that step, as a pre-emption or a job's time limit would, with
-    the LR schedule still planned for `train.steps`. Resuming then gives the uninterrupted run's weights."""
+    `resume=True` continues from the newest complete DCP checkpoint in `out_dir/dcp` (weights, optimiser,
+    data position, RNG, step); `stop_at` ends the run early at that step, as a pre-emption or a job's time
+    limit would, saving a resumable checkpoint, with the LR schedule still planned for `train.steps`."""
+    import torch.distributed as dist
+
+    from model.autoencoder import from_uint8_nhwc
+    from training.data import DataPosition, TrainSet, next_position
+    from training.dcp import Checkpointer, RunState
+    from training.distributed import build_ranks, export_checkpoint, init_distributed, local_rows
+    from training.gpu_telemetry import GpuMonitor, peak_tflops
+    from training.loader import Prefetcher, latent_encoder
+    from training.muon import make_optimizer
+    from training.objective import num_image_tokens, timestep_shift
+    from training.parallel import parallelize
+    from training.repa import build_repa, repa_active
+    from training.schedules import wsd_lr
+    from training.telemetry import StepRecord, Telemetry
+    from training.text_cache import TextCache
+
     tc = cfg.train
+    out_dir = Path(out_dir)
     runtime = setup_runtime(tc)
-    data = TrainSet.from_dir(Path(data_dir), tc.batch_size, tc.holdout)
-    gen = init_generator(cfg.model, tc.seed, runtime.device)
-    opt = make_optimizer(gen, tc)
-    step, position, loss_ema, last_loss = 0, DataPosition(), None, None
-    if resume and (Path(out_dir) / "train_state.json").exists():
-        from safetensors.torch import load_file
-
-        prior = read_train_state(Path(out_dir))
-        gen.load_state_dict(load_file(str(Path(out_dir) / "model.safetensors")), strict=True)
-        load_optimizer(gen, opt, Path(out_dir))
-        step, position, loss_ema, last_loss = prior.step, prior.position, prior.loss_ema, prior.final_loss
-    log.info("train: %d rows in %d batches, %d captions, %.2fM params, %d steps from step %d", data.num_rows, len(data), len(data.captions()), gen.num_params() / 1e6, tc.steps, step)
-
-    cache = TextCache.build(gen, data.captions())
-    telemetry = Telemetry(Path(out_dir), append=step > 0)
-    stream = data.stream(tc.seed, position)
-    patch = cfg.model.patch_size * gen.autoencoder.downsample
-    beta = 0.98
-    gen.train()
-    end = min(tc.steps, stop_at if stop_at is not None else tc.steps)
-    done = step
-    for step in progress(range(step, end), desc="train", total=max(end - step, 0), unit="step"):
-        batch = next(stream)
-        started = time.perf_counter()
-        x0, text = batch_tensors(gen, batch, cache, runtime.device)
-        h, w = batch.pixels.shape[1:3]
-        tokens = num_image_tokens(h, w, patch)
-        lr = wsd_lr(step, tc.steps, tc.lr, tc.warmup_steps, tc.decay_frac, tc.min_lr_ratio)
-        shift = timestep_shift(tokens, tc.timestep_shift, tc.timestep_max_shift)
-        result = train_step(gen, opt, x0, text, gen.null_text(batch.size), step_generator(tc.seed, step), tc, lr, shift, runtime)
-        if runtime.device.type == "cuda":
-            torch.cuda.synchronize()
-        last_loss = result.loss
-        loss_ema = result.loss if loss_ema is None else beta * loss_ema + (1 - beta) * result.loss
-        telemetry.log(StepRecord(step + 1, result.loss, result.grad_norm, lr, batch.size, batch.size * tokens, time.perf_counter() - started))
-        position = next_position(batch.position, len(data))
-        done = step + 1
-        if tc.log_every and (step + 1) % tc.log_every == 0:
-            log.info("step %d loss %.4f (ema %.4f) grad %.3f lr %.2e", step + 1, result.loss, loss_ema, result.grad_norm, lr)
-
-    state = TrainState(
-        step=done,
-        position=position,
-        final_loss=last_loss,
-        loss_ema=loss_ema,
-        bucket=data.main_bucket(),
-        rows=data.num_rows,
-        holdout=tc.holdout,
-        num_params=gen.num_params(),
-        config=cfg.model_dump(mode="json"),
-    )
-    save_checkpoint(gen, opt, Path(out_dir), state)
-    summary = telemetry.finish()
-    log.info("train: done, final loss %s, %.1f samples/s, %.0f tokens/s", state.final_loss, summary["samples_per_s"], summary["tokens_per_s"])
-    return Path(out_dir)
-
+    device = runtime.device
+    created = init_distributed(device.type)
+    try:
+        mesh, ranks = build_ranks(tc.parallel.tp, device.type)
+        _fresh_output(out_dir, resume, ranks.rank)
+        data = TrainSet.from_dir(Path(data_dir), tc.batch_size, tc.holdout)
+        gen = init_generator(cfg.model, tc.seed, device)
+        _load_init_weights(gen, tc.init_from)
+        cache = TextCache.build(gen, data.captions())  # before sharding: the frozen backbone is not trained
+        null_one = gen.null_text(1)
+        patch = cfg.model.patch_size * gen.autoencoder.downsample
+        flops_per_sample = {b.bucket: gen.flops_per_sample(b.pixels.shape[1] // gen.autoencoder.downsample, b.pixels.shape[2] // gen.autoencoder.downsample) for b in data.batches}
+        repa = build_repa(gen, tc.repa, tc.parallel, device) if tc.repa.teacher_path else None
+        parallelize(gen, mesh, tc.parallel, device.type)
+        opt = make_optimizer(gen, tc)
+        repa_opt = None
+        aux = {}
+        if repa is not None:
+            repa_opt = repa.make_optimizer(mesh, tc)
+            aux = {"repa": (repa.projector, repa_opt)}
+        facts = {"tp": tc.parallel.tp, "world_size": ranks.world, "optimizer": tc.optim.name}
+        ckpt = Checkpointer(out_dir, tc.dcp.keep, tc.dcp.async_save, facts, aux)
+        run = (ckpt.load_latest(gen, opt) if resume else None) or RunState(0, DataPosition())
+        if ranks.rank == 0:
+            log.info("train: %d rows in %d batches, %d captions, %.2fM params, %d ranks (dp_shard %d x tp %d), %s, steps %d..%d", data.num_rows, len(data), len(cache), gen.num_params() / 1e6, ranks.world, ranks.dp_size, tc.parallel.tp, tc.optim.name, run.step, tc.steps)
+        tel = tc.telemetry
+        telemetry = Telemetry(out_dir, resume_step=run.step, spike_window=tel.spike_window, spike_z=tel.spike_z) if ranks.rank == 0 else None
+        gpu = GpuMonitor.open(device.index or 0) if device.type == "cuda" and tel.gpu_every else None
+        peak = peak_tflops(device.type, tel.peak_tflops)
+        gen.train()
+        end = min(tc.steps, stop_at if stop_at is not None else tc.steps)
+        step, position, loss_ema, last = run.step, run.position, run.loss_ema, run.last_loss
+        stream = data.stream(tc.seed, run.position)
+        with Prefetcher(stream, latent_encoder(gen, cfg.model.latent_cache_dir), tc.loader_workers) as loader:
+            steps = range(step, end)
+            for step in progress(steps, desc="train", total=len(steps), unit="step") if ranks.rank == 0 else steps:
+                started = time.perf_counter()
+                item = next(loader)
+                batch = item.batch
+                x0 = item.x0.to(device)
+                text = cache.batch(batch.captions, device)
+                null = type(null_one)(null_one.hidden.expand(batch.size, -1, -1, -1), null_one.mask.expand(batch.size, -1)).to(device)
+                tokens = num_image_tokens(x0.shape[-2], x0.shape[-1], cfg.model.patch_size)
+                lr = wsd_lr(step, tc.steps, tc.lr, tc.warmup_steps, tc.decay_frac, tc.min_lr_ratio)
+                shift = timestep_shift(tokens, tc.timestep_shift, tc.timestep_max_shift)
+                rows = local_rows(batch.size, ranks.dp_rank, ranks.dp_size)
+                on = repa is not None and repa_active(tc.repa, step)
+                images = from_uint8_nhwc(batch.pixels, device) if on else None
+                result = train_step(gen, opt, x0, text, null, step_generator(tc.seed, step), tc, lr, shift, runtime, rows, ranks.dp_size, repa if on else None, repa_opt if on else None, images)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                last = result.loss
+                loss_ema = last if loss_ema is None else 0.98 * loss_ema + 0.02 * last
+                position = next_position(batch.position, len(data))
+                done = step + 1
+                if telemetry is not None:
+                    counters = gpu.sample().to_dict() if gpu is not None and done % tel.gpu_every == 0 else {}
+                    telemetry.log(StepRecord(done, last, result.grad_norm, lr, batch.size, batch.size * tokens, time.perf_counter() - started, flops_per_sample[batch.bucket] * batch.size, ranks.world, peak, result.repa_loss, counters))
+                    if tc.log_every and done % tc.log_every == 0:
+                        log.info("step %d loss %.4f (ema %.4f) grad %.3f lr %.2e", done, last, loss_ema, result.grad_norm, lr)
+                if tc.dcp.every and done % tc.dcp.every == 0 and done < end:
+                    ckpt.save(gen, opt, RunState(done, position, loss_ema, last))
+                step = done
+        final = RunState(step, position, loss_ema, last)
+        ckpt.save(gen, opt, final)
+        ckpt.wait()
+        export_checkpoint(gen, out_dir, cfg, data, final, tc.parallel.tp, ranks.rank, sharded=mesh is not None)
+        if telemetry is not None:
+            summary = telemetry.finish()
+            log.info("train: done at step %d, final loss %s, %.1f samples/s, %.0f tokens/s, MFU %s", step, last, summary["samples_per_s"], summary["tokens_per_s"], summary["mfu"])
+        if dist.is_initialized():
+            dist.barrier()
+    finally:
+        if created and dist.is_initialized():
+            dist.destroy_process_group()
+    return out_dir
