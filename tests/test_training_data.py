@@ -67,3 +67,34 @@ def test_a_packed_batch_that_mixes_buckets_is_refused(table):
     rows[1] = rows[1] | {"batch": rows[0]["batch"], "bucket": "8x8", "height": 8, "width": 8, "pixels": bytes(8 * 8 * 3)}
     with pytest.raises(ValueError, match="mixes buckets"):
         TrainSet.from_table(pa.Table.from_pylist(rows, schema=TRAIN).sort_by([("batch", "ascending"), ("order", "ascending")]), 4)
+
+
+def test_read_ahead_keeps_the_stream_order_whatever_the_worker_count(train_set):
+    from model.autoencoder import PixelAutoencoder
+    from training.loader import Prefetcher, StepInput
+
+    ae = PixelAutoencoder()
+
+    def prepare(batch):
+        return StepInput(batch, ae.encode(batch.pixels))
+
+    def first(workers: int, n: int = 12):
+        with Prefetcher(train_set.stream(seed=0), prepare, workers) as loader:
+            return [next(loader) for _ in range(n)]
+
+    plain, threaded = first(0), first(3)
+    assert [i.batch.position for i in threaded] == [i.batch.position for i in plain]
+    assert all((a.x0 == b.x0).all() for a, b in zip(plain, threaded))
+
+
+def test_the_latent_cache_encodes_each_image_once_and_returns_the_same_latents(train_set, tmp_path):
+    from model.autoencoder import LatentCache, PixelAutoencoder
+
+    ae = PixelAutoencoder()
+    batch = train_set.batches[0]
+    cache = LatentCache(tmp_path, ae)
+    first = cache.encode(batch.pixels)
+    files = sorted(cache.root.glob("*.safetensors"))
+    assert len(files) == batch.size and not list(cache.root.glob("*.tmp"))
+    assert (cache.encode(batch.pixels) == first).all() and (first == ae.encode(batch.pixels)).all()
+    assert sorted(cache.root.glob("*.safetensors")) == files  # read back, not written again
