@@ -93,9 +93,9 @@ def main() -> None:
     mask = torch.ones(b, s, dtype=torch.bool, device=dev)
     mask[:, a.text_tokens // 2 : a.text_tokens] = False  # half the text is padding
     shared = torch.randn(b, 6, w, device=dev, dtype=dtype) * 0.1
-    # FLUX.2 wants interleaved (cos, sin) of full head_dim
-    fcos = torch.cat([cos, cos], -1).view(s, 2, hd // 2).transpose(1, 2).reshape(s, hd).to(dtype)
-    fsin = torch.cat([sin, sin], -1).view(s, 2, hd // 2).transpose(1, 2).reshape(s, hd).to(dtype)
+    # the same angles for FLUX.2, which rotates adjacent channel pairs: interleaved (cos a, cos a), (sin a, sin a)
+    fcos = cos[:, : hd // 2].repeat_interleave(2, dim=-1).to(dtype)
+    fsin = sin[:, hd // 2 :].repeat_interleave(2, dim=-1).to(dtype)
     temb = torch.randn(b, 3 * w, device=dev, dtype=dtype) * 0.1
     x = torch.randn(b, s, w, device=dev, dtype=dtype)
 
@@ -112,6 +112,7 @@ def main() -> None:
     for _ in range(a.repeats):  # interleaved so load changes hit every contender alike
         for k, fn in runs.items():
             times[k].append(time_step(fn, x))
+    assert kiln_flops(w, a.heads, kv, mlp, s) == s * kiln.flops_per_token(s)  # the model's own count agrees
     flops = {
         "kiln": 3 * b * kiln_flops(w, a.heads, kv, mlp, s),
         "kiln_nomask": 3 * b * kiln_flops(w, a.heads, kv, mlp, s),

@@ -38,8 +38,9 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim) if qk_norm else nn.Identity()
 
     def forward(self, h: Tensor, rope: tuple[Tensor, Tensor] | None = None, key_mask: Tensor | None = None) -> Tensor:
-        """h [B, S, width]; rope (cos, sin) [S, head_dim/2]; key_mask [B, S] bool (True = attend to this key)
-        or an additive bias [B, 1, 1, S] from `attention_bias`, computed once and shared by all blocks."""
+        """h [B, S, width]; rope the (cos, sin) tables [S, head_dim] of `rope_angles`; key_mask [B, S] bool
+        (True = attend to this key) or an additive bias [B, 1, 1, S] from `attention_bias`, computed once and
+        shared by all blocks."""
         b, s, _ = h.shape
         parts = self.qkvg(h).split(self.split, dim=-1)
         q = self.q_norm(parts[0].view(b, s, self.heads, self.head_dim)).transpose(1, 2)
@@ -66,6 +67,28 @@ def swiglu_hidden(width: int, ratio: float = 4.0, multiple_of: int = 64) -> int:
     return int(math.ceil(2 / 3 * ratio * width / multiple_of) * multiple_of)
 
 
+class _SwiGLUAct(torch.autograd.Function):
+    """silu(gate) * up of the fused [gate | up] projection. Its backward writes both halves of the gradient
+    into one buffer: autograd's chunk backward would concatenate them (a copy of the widest activation)."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor) -> Tensor:
+        gate, up = h.chunk(2, dim=-1)
+        act = F.silu(gate)
+        ctx.save_for_backward(h, act)
+        return act * up
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        h, act = ctx.saved_tensors
+        gate, up = h.chunk(2, dim=-1)
+        grad = torch.empty_like(h)
+        d_gate, d_up = grad.chunk(2, dim=-1)
+        torch.mul(g, act, out=d_up)
+        torch.ops.aten.silu_backward.grad_input(g * up, gate, grad_input=d_gate)
+        return grad
+
+
 class SwiGLU(nn.Module):
     def __init__(self, width: int, hidden: int):
         super().__init__()
@@ -73,8 +96,7 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(hidden, width, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up)
+        return self.down(_SwiGLUAct.apply(self.gate_up(x)))
 
     def flops_per_token(self) -> int:
         return 2 * self.gate_up.in_features * self.gate_up.out_features + 2 * self.down.in_features * self.down.out_features

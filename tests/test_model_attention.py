@@ -88,3 +88,17 @@ def test_swiglu_uses_the_two_thirds_width_convention():
     x = torch.randn(4, 16)
     gate, up = mlp.gate_up(x).chunk(2, dim=-1)
     assert torch.allclose(mlp(x), mlp.down(torch.nn.functional.silu(gate) * up))
+
+
+def test_swiglu_gradient_matches_autograd_through_chunk_and_silu():
+    mlp = SwiGLU(16, 32)
+    x1 = torch.randn(3, 5, 16, requires_grad=True)
+    x2 = x1.detach().clone().requires_grad_(True)
+    g = torch.randn(3, 5, 16)
+    (mlp(x1) * g).sum().backward()
+    grads1 = [x1.grad] + [p.grad.clone() for p in mlp.parameters()]
+    mlp.zero_grad()
+    gate, up = mlp.gate_up(x2).chunk(2, dim=-1)
+    (mlp.down(torch.nn.functional.silu(gate) * up) * g).sum().backward()
+    for a, b in zip(grads1, [x2.grad] + [p.grad for p in mlp.parameters()], strict=True):
+        assert torch.allclose(a, b, atol=1e-6)

@@ -50,3 +50,9 @@ def test_head_dim_splits_into_even_axis_chunks():
 def test_image_positions_are_row_major():
     pos = image_positions(1, 2, 3)
     assert pos.tolist() == [[0, 0, 0], [0, 0, 1], [0, 0, 2], [0, 1, 0], [0, 1, 1], [0, 1, 2]]
+
+
+def test_the_rotation_backward_is_the_inverse_rotation():
+    x = torch.randn(2, 3, 5, 16, dtype=torch.float64, requires_grad=True)
+    cos, sin = (t.double() for t in rope_angles(image_positions(1, 1, 5) * 3, 16))
+    assert torch.autograd.gradcheck(lambda x: apply_rope(x, cos, sin), (x,))
