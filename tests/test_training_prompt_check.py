@@ -55,3 +55,11 @@ def test_a_blank_background_has_no_shape_colour_and_no_position():
 def test_a_shape_on_the_wrong_side_fails_colour_and_position_only():
     r = check_image(disc("blue", "red", 24, 16), Expected("red", "left", "blue"))
     assert r == {"color": False, "position": False, "background": True}
+
+
+def test_noise_has_no_layout_so_position_count_and_shape_fail():
+    """An untrained model samples noise: its centroid is in the middle and its ink profile one broad hump,
+    which would pass 'center' and 'one shape' prompts if the checker did not first ask for a figure on a ground."""
+    noise = (np.random.default_rng(0).standard_normal((32, 32, 3)) * 127.5 + 127.5).clip(0, 255).astype(np.uint8)
+    result = check_image(noise, Expected("red", "center", "grey", "circle", 1, "large"))
+    assert result["position"] is False and result["count"] is False and result["shape"] is False

@@ -13,6 +13,9 @@ Deterministic pixel rules against the demo palette (assets.demo_scenes.COLORS), 
   * shape:      of the largest foreground blob, the share of its bounding box it fills (square ~0.9-1,
                 circle ~0.75, triangle and diamond ~0.6) and how low its centroid sits in the box
                 (a triangle's mass is in its lower half, a diamond's is centred).
+An image whose foreground covers more than MAX_FOREGROUND of it (noise, a smeared wash) has no readable
+layout: position, count and shape fail there (the renderer's shapes cover at most ~23%; pure noise ~97%,
+which would otherwise put its centroid in the middle and its ink profile in one broad "peak").
 Count is checked on every prompt. Shape only on large single shapes, where the rule is right about the
 renderer's own 32 px images (measured in the tests; on small or counted shapes, 8 px across with
 corners of a pixel or two, it was wrong on 15-40% of correct images). Where shape is not checked it is
@@ -36,6 +39,7 @@ FOREGROUND_DISTANCE = 60.0  # RGB distance from the background that counts as "s
 WINDOW = 0.12  # half-side of the expected-shape window, as a share of the image side
 CENTER_MARGIN = 0.125  # centroid within this (share of the side) of the middle on both axes: center (sides sit at 0.25)
 MIN_FOREGROUND = 0.01  # below this share of foreground pixels, nothing was drawn
+MAX_FOREGROUND = 0.5  # above this share there is no figure on a ground to read a layout from
 MIN_WINDOW_SHARE = 0.15  # share of the window that must be non-background for a colour to count as drawn there
 COUNT_SMOOTHING = 1.0  # px, Gaussian sigma on the count profile
 COUNT_PROMINENCE = 0.25  # a shape is a profile peak this share of the profile's maximum above the dips around it
@@ -163,12 +167,14 @@ def check_image(image: np.ndarray, expected: Expected) -> dict[str, bool]:
         "position": side_of(fg) == expected.position,
         "background": bg_name == expected.background,
     }
+    legible = bool(fg.mean() <= MAX_FOREGROUND)
+    out["position"] = out["position"] and legible
     checkable = expected.checkable()
     drawn = nearest_color(image) != PALETTE_NAMES.index(bg_name)  # split halfway between palette colours: blurred neighbours stay apart
     if checkable["shape"]:
-        out["shape"] = shape_of(drawn) == expected.shape
+        out["shape"] = legible and shape_of(drawn) == expected.shape
     if checkable["count"]:
-        out["count"] = count_of(ink(image, bg_rgb) * drawn, expected.position) == expected.count
+        out["count"] = legible and count_of(ink(image, bg_rgb) * drawn, expected.position) == expected.count
     return out
 
 
