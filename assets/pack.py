@@ -93,13 +93,26 @@ def batch_plan(bucket_of_row: list[str], batch_size: int, seed: int) -> list[tup
     return [(i, b) for b, k in enumerate(rng.permutation(len(batches)).tolist()) for i in batches[k]]
 
 
+def mix_ids(mix_file: str | None) -> set[str] | None:
+    """The ids of a dataset mix (assets.mixes writes one Parquet per mix), or None: no mix, every row."""
+    if mix_file is None:
+        return None
+    import pyarrow.parquet as pq
+
+    return set(pq.read_table(mix_file, columns=["id"]).column("id").to_pylist())
+
+
 def pack_rows(table: pa.Table, cfg: KilnConfig, stage: str = "pack") -> StageOutput:
     pc = cfg.data.pack
     buckets = buckets_for(pc.aspect_buckets, pc.resolution)
     table = table.take(pac.sort_indices(table, [("id", "ascending")]))  # input order must not matter
     rejects = Rejects(stage)
+    in_mix = mix_ids(pc.mix_file)
     packed: list[tuple[int, Bucket, bytes]] = []  # (row index, bucket, pixels)
     for i, (id_, uri) in enumerate(zip(table.column("id").to_pylist(), table.column("uri").to_pylist())):
+        if in_mix is not None and id_ not in in_mix:
+            rejects.add(id_, uri, Reason.NOT_IN_MIX, None, str(pc.mix_file))
+            continue
         try:
             im = open_rgb(read_bytes(uri), max_pixels=cfg.data.filters.max_pixels)
             bucket = nearest_bucket(im.width, im.height, buckets)

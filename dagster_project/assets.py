@@ -77,20 +77,23 @@ def raw_images(kiln: KilnResource) -> dg.MaterializeResult:
     return dg.MaterializeResult(metadata=md)
 
 
+def run_data_stage(stage: str, source: Path, out: Path, cfg, log: Callable[[str], None] | None = None) -> dg.MaterializeResult:
+    """One data stage into `out`, with its metadata: in-process on the local profile, one Slurm array task
+    per shard on a Slurm profile."""
+    summary = run_stage_array(stage, source, out, cfg, log=log)
+    md = stage_metadata(summary, out)
+    extra: Callable[[Path], str | None] | None = {"dedup": dedup_groups_grid, "cluster": cluster_grids}.get(stage)
+    if extra and (grid := extra(out)):
+        md[f"{stage}_groups"] = dg.MetadataValue.md(grid)
+    return dg.MaterializeResult(metadata=md)
+
+
 def _stage_asset(sa: StageAsset) -> dg.AssetsDefinition:
     key, stage, upstream = sa.key, sa.stage, sa.upstream
-    extra: Callable[[Path], str | None] | None = {"dedup": dedup_groups_grid, "cluster": cluster_grids}.get(stage)
 
     @dg.asset(name=key, deps=[upstream], group_name=sa.group, kinds={"python", "parquet"}, description=f"`kiln stage {stage}` over {upstream}: kept rows + rejected rows with reasons.")
     def _asset(context, kiln: KilnResource) -> dg.MaterializeResult:
-        cfg = kiln.config()
-        out = kiln.path(key)
-        # In-process on the local profile; one Slurm array task per shard on a Slurm profile.
-        summary = run_stage_array(stage, kiln.path(sa.upstream_dir or upstream), out, cfg, log=context.log.info)
-        md = stage_metadata(summary, out)
-        if extra and (grid := extra(out)):
-            md[f"{stage}_groups"] = dg.MetadataValue.md(grid)
-        return dg.MaterializeResult(metadata=md)
+        return run_data_stage(stage, kiln.path(sa.upstream_dir or upstream), kiln.path(key), kiln.config(), log=context.log.info)
 
     return _asset
 
@@ -100,15 +103,18 @@ stage_assets = [_stage_asset(sa) for sa in DATA_STAGES]
 
 @dg.asset(deps=["train_set"], group_name="training", kinds={"pytorch", "safetensors"}, description="The pretrained DiT: safetensors weights + config, with its loss curve.")
 def checkpoint(context, kiln: KilnResource) -> dg.MaterializeResult:
-    cfg = kiln.config()
-    out = kiln.path("checkpoint")
+    return train_checkpoint(context, kiln.path("train_set"), kiln.path("checkpoint"), kiln.config())
+
+
+def train_checkpoint(context, data: Path, out: Path, cfg) -> dg.MaterializeResult:
+    """The trainer into `out` (a Slurm job on a Slurm profile), with the checkpoint's metadata."""
     md: dict = {"path": dg.MetadataValue.path(str(out))}
     if cfg.cluster.kind == "slurm":
-        md.update(_train_on_slurm(context, kiln.path("train_set"), out, cfg))
+        md.update(_train_on_slurm(context, data, out, cfg))
     else:
         from training.trainer import train
 
-        train(kiln.path("train_set"), out, cfg)
+        train(data, out, cfg)
     md.update(_scalars(json.loads((out / "train_state.json").read_text())))
     throughput = out / "throughput.json"  # samples/s, tokens/s, TFLOP/s per device, MFU (on known GPUs), spike counts
     if throughput.exists():

@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 
 from assets.expectations import SuiteResult, validate_dataset
 from dagster_project.assets import DATA_STAGES
+from dagster_project.ladder import LADDER
 from dagster_project.resources import KilnResource
 from kiln.stage import Summary, shard_paths
 
@@ -55,4 +56,5 @@ def _expectations_check(key: str, suite: str) -> dg.AssetChecksDefinition:
     return _check
 
 
-all_checks = [_accounting_check(sa.key, sa.upstream) for sa in DATA_STAGES] + [_expectations_check(sa.key, sa.suite) for sa in DATA_STAGES]
+checked = [(sa.key, sa.upstream, sa.suite) for sa in DATA_STAGES] + [(r.train_set, "captioned", "train_set") for r in LADDER]
+all_checks = [_accounting_check(key, upstream) for key, upstream, _ in checked] + [_expectations_check(key, suite) for key, _, suite in checked]

@@ -6,6 +6,7 @@ import dagster as dg
 
 from dagster_project.assets import CAPTION_BRANCH, CURATION_MODELS, MAIN_ASSETS, all_assets
 from dagster_project.checks import all_checks
+from dagster_project.ladder import LADDER_KEYS, ladder_assets
 from dagster_project.resources import KilnResource
 from dagster_project.sensors import slurm_jobs
 
@@ -21,4 +22,10 @@ curation_models = dg.define_asset_job(
     description="embeddings -> pseudo-label classifiers -> SAE tags -> FAISS clusters (with review) -> semantic dedup",
 )
 
-defs = dg.Definitions(assets=all_assets, asset_checks=all_checks, jobs=[main, caption_branch, curation_models], sensors=[slurm_jobs], resources={"kiln": KilnResource()})
+training_ladder = dg.define_asset_job(
+    "training_ladder",
+    selection=dg.AssetSelection.assets(*LADDER_KEYS),
+    description="pretrain 256 -> 512 -> 1024 -> midtrain -> SFT -> PMA: a train set and a checkpoint per rung (GPU cluster work)",
+)
+
+defs = dg.Definitions(assets=[*all_assets, *ladder_assets], asset_checks=all_checks, jobs=[main, caption_branch, curation_models, training_ladder], sensors=[slurm_jobs], resources={"kiln": KilnResource()})

@@ -134,6 +134,7 @@ class PackConfig(Strict):
     aspect_buckets: list[float] = Field(default_factory=lambda: [0.5, 0.75, 1.0, 1.333, 2.0])
     batch_size: int = Field(32, ge=1, description="rows per packed batch; every batch shares one bucket")
     seed: int = 0
+    mix_file: str | None = Field(None, description="a mix (assets.mixes output Parquet with an `id` column): rows not in it are rejected not_in_mix")
 
 
 class EmbedConfig(Strict):
@@ -346,6 +347,9 @@ class TrainConfig(Strict):
     telemetry: TelemetryConfig = TelemetryConfig()
     loader_workers: int = Field(1, ge=0, description="threads preparing the next batches (autoencoder latents, cache reads); 0 = in the step")
     init_from: str | None = Field(None, description="checkpoint folder whose weights start this stage (256 -> 512 -> 1024 -> mid -> SFT)")
+    resolution: int | None = Field(None, ge=8, description="side of this stage's square training bucket (its pack); None = data.pack.resolution")
+    mix: str | None = Field(None, description="the dataset mix this stage trains on (assets.mixes: pretrain, midtrain, sft); None = every packed row")
+    pma_k: int = Field(0, ge=0, description="average the last K step checkpoints into a PMA checkpoint after this stage; 0 = none")
 
 
 # -------------------------------------------------------------------------------------------- cluster

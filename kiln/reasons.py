@@ -41,5 +41,6 @@ class Reason(StrEnum):
     CAPTION_LENGTH = "caption_length"  # value = characters, detail = form and allowed range
     NO_PROMPT = "no_prompt"  # nothing left of the caption to make a user prompt from
     PACK_ERROR = "pack_error"
+    NOT_IN_MIX = "not_in_mix"  # detail = the mix file: the stage's training set is a mix (midtrain, SFT) and this row is not in it
     # warehouse probe stages (kiln.warehouse.probes): synthetic, for queue tests and benchmarks
     PROBE_REJECT = "probe_reject"

@@ -47,3 +47,43 @@ def average_checkpoints(sources: list[Path], out_dir: Path) -> Path:
     steps = [json.loads((Path(s) / "train_state.json").read_text())["step"] if (Path(s) / "train_state.json").exists() else None for s in sources]
     (out / "pma.json").write_text(json.dumps({"sources": [str(s) for s in sources], "steps": steps, "k": len(sources)}, indent=2) + "\n")
     return out
+
+
+def dcp_step_weights(step_dir: Path, gen) -> dict[str, torch.Tensor]:
+    """The model weights of one DCP step checkpoint (training/dcp.py), in the canonical single-process layout.
+
+    `gen` is a plain Generator of the run's config (e.g. `Generator.from_pretrained(run_dir)`); the step's
+    train_state.json says which tp layout its fused weights were saved in."""
+    import torch.distributed.checkpoint as dcp
+
+    from training.parallel import canonical_state_dict
+
+    tp = int(json.loads((Path(step_dir) / "train_state.json").read_text()).get("tp", 1))
+    state = {"model": {k: v.detach().clone() for k, v in gen.state_dict().items()}}
+    dcp.load(state, checkpoint_id=str(step_dir), no_dist=True)  # only the model: optimiser and RNG stay on disk
+    return canonical_state_dict(state["model"], gen, tp)
+
+
+def pma_from_run(run_dir: Path, k: int, out_dir: Path) -> Path:
+    """PMA over a training run's last `k` DCP step checkpoints (fewer if the run kept fewer): a checkpoint
+    folder with the run's config and train state and `pma.json` naming the steps averaged."""
+    from model.generator import Generator
+    from training.checkpoint import STATE_FILE
+    from training.dcp import complete_checkpoints
+
+    steps = complete_checkpoints(Path(run_dir))[-k:]
+    if not steps:
+        raise ValueError(f"{run_dir} has no complete DCP step checkpoint to average (train.dcp.every > 0 keeps them)")
+    gen = Generator.from_pretrained(run_dir)
+    total: dict[str, torch.Tensor] = {}
+    for step in steps:
+        for name, t in dcp_step_weights(step, gen).items():
+            total[name] = total.get(name, 0) + t.double()
+    reference = gen.state_dict()
+    gen.load_state_dict({name: (t / len(steps)).to(reference[name].dtype) for name, t in total.items()}, strict=True)
+    out = Path(out_dir)
+    gen.save_pretrained(out)
+    (out / STATE_FILE).write_text((Path(run_dir) / STATE_FILE).read_text())
+    numbers = [json.loads((s / "train_state.json").read_text())["step"] for s in steps]
+    (out / "pma.json").write_text(json.dumps({"sources": [str(s) for s in steps], "steps": numbers, "k": len(steps), "asked_k": k}, indent=2) + "\n")
+    return out
