@@ -170,7 +170,6 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
         _load_init_weights(gen, tc.init_from)
         cache = TextCache.build(gen, data.captions())  # before sharding: the frozen backbone is not trained
         null_one = gen.null_text(1)
-        patch = cfg.model.patch_size * gen.autoencoder.downsample
         flops_per_sample = {b.bucket: gen.flops_per_sample(b.pixels.shape[1] // gen.autoencoder.downsample, b.pixels.shape[2] // gen.autoencoder.downsample) for b in data.batches}
         repa = build_repa(gen, tc.repa, tc.parallel, device) if tc.repa.teacher_path else None
         parallelize(gen, mesh, tc.parallel, device.type)
