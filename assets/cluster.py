@@ -98,13 +98,12 @@ STOPWORDS = frozenset(["a", "an", "the", "on", "in", "at", "of", "and", "with", 
 
 
 class CaptionNamer:
-    """Names a cluster by the words its nearest rows' captions share most (the demo's namer)."""
+    """Names a cluster by the words most shared by descriptions of its nearest rows: the configured
+    captioner's captions (the demo's namer), or a VLM's short answers to a naming prompt (`vlm`)."""
 
-    def __init__(self, cfg: KilnConfig, words: int = 4):
-        from assets.caption import make_captioner
-
-        self.captioner = make_captioner(cfg.data.caption)
-        self.name = f"captions:{self.captioner.name}"
+    def __init__(self, captioner, words: int = 4, name: str | None = None):
+        self.captioner = captioner
+        self.name = name or f"captions:{captioner.name}"
         self.words = words
 
     def name_cluster(self, rows: pa.Table) -> str:
@@ -117,9 +116,19 @@ class CaptionNamer:
 
 
 def make_namer(cfg: KilnConfig) -> Namer:
-    if cfg.data.clustering.namer == "captions":
-        return CaptionNamer(cfg)
-    raise ValueError(f"unknown namer {cfg.data.clustering.namer!r}")
+    c = cfg.data.clustering
+    if c.namer == "captions":
+        from assets.caption import make_captioner
+
+        return CaptionNamer(make_captioner(cfg.data.caption))
+    if c.namer == "vlm":
+        from assets.captioners import GenerationSettings, VLMCaptioner
+
+        if not c.namer_vlm_path:
+            raise ValueError("data.clustering.namer=vlm needs data.clustering.namer_vlm_path (a local model + processor folder)")
+        asker = VLMCaptioner(c.namer_vlm_path, c.namer_prompt, batch_size=c.name_n, settings=GenerationSettings(max_new_tokens=12))
+        return CaptionNamer(asker, name=f"vlm:{c.namer_vlm_path}")
+    raise ValueError(f"unknown namer {c.namer!r}")
 
 
 # --------------------------------------------------------------------------------------- summaries

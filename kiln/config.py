@@ -215,7 +215,9 @@ class ClusteringConfig(Strict):
     flag_min_size: int = Field(5, ge=0, description="outliers: clusters smaller than this are flagged")
     flag_max_cohesion: float = Field(0.5, description="outliers: clusters whose mean cosine to their centroid is below this are flagged")
     name_n: int = Field(5, ge=1, description="samples nearest the centroid the namer reads")
-    namer: Literal["captions"] = "captions"
+    namer: Literal["captions", "vlm"] = Field("captions", description="captions: the configured captioner's captions; vlm: namer_vlm_path asked namer_prompt")
+    namer_vlm_path: str | None = Field(None, description="namer=vlm: image-text-to-text model + processor folder")
+    namer_prompt: str = Field("Name what this image shows in a few words.", description="namer=vlm: asked of each of the name_n nearest images")
     review_db: str = Field("data/review.duckdb", description="DuckDB file holding the review table")
     semdedup_threshold: float = Field(0.97, gt=0, le=1, description="cosine at or above which two rows of one leaf cluster are duplicates")
 

@@ -115,3 +115,21 @@ def test_balanced_sample_spreads_over_clusters(demo_embedded, tmp_path):
     assert (got >= fair).all()  # every top cluster gets its even share (or all it has)
     img = cluster_grid(kept, 0, 0, n=8)
     assert img.size[0] > 0
+
+
+def test_a_vlm_names_a_cluster_from_its_nearest_images(demo_embedded, vlm):
+    """namer=vlm: a local image-text-to-text model (here a tiny random LLaVA, loaded by path) answers the
+    naming prompt for each nearest image; the name is the words those answers share most."""
+    import pytest
+
+    from assets.cluster import make_namer
+
+    overrides, root = demo_embedded
+    cfg = load_config([*overrides, "data.clustering.namer=vlm", f"data.clustering.namer_vlm_path={vlm}", "data.clustering.name_n=3"])
+    namer = make_namer(cfg)
+    nearest = read_dataset(root / "embedded" / "kept").slice(0, 3)
+    name = namer.name_cluster(nearest)
+    assert namer.name == f"vlm:{vlm}" and name and len(name.split()) <= 4
+    assert namer.name_cluster(nearest) == name  # greedy decoding: the same images get the same name
+    with pytest.raises(ValueError, match="namer_vlm_path"):
+        make_namer(load_config(["data.clustering.namer=vlm"]))
