@@ -167,3 +167,26 @@ def test_warehouse_tables_keep_exact_arrow_types(dsn):
         pg.load_rows(conn, table, data)
         pg.load_rows(conn, table, data)  # loading twice keeps one copy of each row
         assert pg.read_table(conn, table).equals(data)
+
+
+@pytest.mark.slurm
+def test_workers_as_a_slurm_job_array_complete_the_queue_like_local_ones(dsn, slurm_cluster, tmp_path):
+    """The cluster tier: no local worker, only Slurm array tasks claiming from the same Postgres queue."""
+    from kiln.config import load_config
+
+    cfg = load_config(["cluster=test", f"cluster.log_dir={tmp_path / 'slurm'}", "cluster.poll_s=0.3"])
+    table = fresh(dsn, "q_slurm")
+    rows = probe_rows(600, sleep_s=0.002)
+    handle = wh.map(COMPUTE, rows, dsn=dsn, workers=0, table=table, batch_size=50, cfg=CFG)
+    jobs = handle.add_slurm_workers(2, cfg)
+    final = handle.wait(progress_bar=False, timeout=180)
+
+    assert len({j.job_id.split("_")[0] for j in jobs}) == 1 and len(jobs) == 2  # one array, two tasks
+    assert (final.done, final.pending, final.failed) == (600, 0, 0)
+    assert final.rejected == len([x for x in range(600) if x % REJECT_EVERY == 0])
+    reference = wh.map(COMPUTE, rows, workers=1, batch_size=50, cfg=CFG, root=tmp_path / "embedded")
+    reference.wait(progress_bar=False)
+    mine, theirs = handle.results(), reference.results()
+    assert mine.kept.equals(theirs.kept) and mine.rejected.equals(theirs.rejected)
+    reports = [j.result() for j in jobs]  # each task's WorkerReport, through submitit's pickles
+    assert sum(r.rows for r in reports) == 600 and all(r.worker.startswith("kiln-worker:") for r in reports)

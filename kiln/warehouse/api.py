@@ -30,6 +30,7 @@ class PostgresHandle:
     def __init__(self, dsn: str, job: pg.Job):
         self.dsn, self.job = dsn, job
         self.processes: list[multiprocessing.process.BaseProcess] = []
+        self.slurm_jobs: list = []  # submitit jobs of Slurm-array workers this handle submitted
 
     @property
     def stage(self) -> str:
@@ -51,14 +52,31 @@ class PostgresHandle:
         self.processes += new
         return new
 
+    def add_slurm_workers(self, n: int, cfg: KilnConfig, batch_size: int | None = None) -> list:
+        """Submit n more workers as a Slurm job array on `cfg.cluster` (slurm/queue_workers.py)."""
+        from slurm.queue_workers import submit_queue_workers
+
+        jobs = submit_queue_workers(self.dsn, self.job.stage, self.job.table, n, cfg, batch_size)
+        self.slurm_jobs += jobs
+        return jobs
+
     def progress(self) -> Progress:
         with pg.connect(self.dsn) as conn:
             c = pg.counts(conn, self.job)
         return Progress(c["total"], c["kept"], c["rejected"], c["failed"], c["pending"], c["rate"])
 
     def _finished(self, p: Progress) -> bool:  # all done, or nobody of ours left to do it
-        workers_gone = bool(self.processes) and not any(w.is_alive() for w in self.processes)
+        started = self.processes or self.slurm_jobs
+        workers_gone = bool(started) and not any(w.is_alive() for w in self.processes) and self._slurm_workers_ended()
         return p.pending == 0 or workers_gone
+
+    def _slurm_workers_ended(self) -> bool:
+        if not self.slurm_jobs:
+            return True
+        from slurm.state import query_states
+
+        states = query_states([j.job_id for j in self.slurm_jobs])
+        return all(j.job_id in states and states[j.job_id].terminal for j in self.slurm_jobs)
 
     def wait(self, progress_bar: bool = True, timeout: float | None = None) -> Progress:
         """Until no claimable row is left (or every worker this handle started has exited)."""
@@ -66,7 +84,7 @@ class PostgresHandle:
         for w in self.processes:
             w.join(timeout=30)
         if final.pending:
-            codes = [w.exitcode for w in self.processes]
+            codes = [w.exitcode for w in self.processes] + [j.job_id for j in self.slurm_jobs]
             raise RuntimeError(f"{self.stage}: workers exited (codes {codes}) with {final.pending} rows left; add_workers() to finish")
         return final
 

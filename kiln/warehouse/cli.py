@@ -6,9 +6,10 @@ import argparse
 from pathlib import Path
 
 
-def run_map(stage: str, input_dir: Path, output: Path, cfg, dsn: str | None, workers: int, table: str, log=print):
-    """Load a stage input folder into the warehouse, work it with `workers` processes, write the usual
-    OUT/kept, OUT/rejected, OUT/summary.json (rows sorted by id). Shared by the CLI and Dagster."""
+def run_map(stage: str, input_dir: Path, output: Path, cfg, dsn: str | None, workers: int, table: str, log=print, slurm_workers: int = 0):
+    """Load a stage input folder into the warehouse, work it with `workers` local processes (and
+    `slurm_workers` Slurm array tasks, Postgres only), write the usual OUT/kept, OUT/rejected,
+    OUT/summary.json (rows sorted by id). Shared by the CLI and Dagster."""
     import pyarrow as pa
 
     import kiln.warehouse as wh
@@ -16,8 +17,12 @@ def run_map(stage: str, input_dir: Path, output: Path, cfg, dsn: str | None, wor
 
     st = get_stage(stage)
     rows = pa.concat_tables(input_shards(st, Path(input_dir), cfg))
+    if slurm_workers and dsn is None:
+        raise ValueError("Slurm queue workers need the Postgres warehouse (--dsn or --postgres)")
     handle = wh.map(stage, rows, dsn=dsn, workers=workers, table=table, cfg=cfg)
     log(f"{stage}: {rows.num_rows} rows on {'postgres' if dsn else 'the embedded warehouse'} table {table!r}, {workers} workers")
+    if slurm_workers:
+        handle.add_slurm_workers(slurm_workers, cfg)
     p = handle.wait(progress_bar=True)
     if p.remaining:
         raise RuntimeError(f"{stage}: {p.remaining} rows without a result ({p.failed} failed after every attempt); see handle.state()")
@@ -29,7 +34,7 @@ def cmd_map(args: argparse.Namespace) -> int:
     from kiln.warehouse.local import local_postgres_dsn
 
     dsn = args.dsn or (local_postgres_dsn() if args.postgres else None)
-    s = run_map(args.stage, Path(args.input), Path(args.output), load_config(args.overrides), dsn, args.workers, args.table)
+    s = run_map(args.stage, Path(args.input), Path(args.output), load_config(args.overrides), dsn, args.workers, args.table, slurm_workers=args.slurm_workers)
     print(s.to_json(), end="")
     return 0
 
@@ -50,6 +55,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--dsn", default=None, help="Postgres DSN (default: the embedded warehouse, no server)")
     m.add_argument("--postgres", action="store_true", help="use KILN_PG_DSN, or start the local Postgres")
     m.add_argument("--workers", type=int, default=2, help="local worker processes (more can join: kiln.warehouse.run_worker)")
+    m.add_argument("--slurm-workers", type=int, default=0, help="also this many workers as a Slurm job array (Postgres; a cluster=... profile)")
     m.add_argument("--table", default="images")
     m.add_argument("overrides", nargs="*")
     m.set_defaults(fn=cmd_map)
