@@ -196,7 +196,7 @@ MAIN_ASSETS = [raw_images, *stage_assets[: len(MAIN_STAGES)], checkpoint, sample
 all_assets = [*MAIN_ASSETS, *stage_assets[len(MAIN_STAGES) :], coverage, mixes]
 
 
-@dg.asset(deps=["manifest"], group_name="warehouse", kinds={"postgres", "duckdb"}, description="The filter stage over the warehouse queue: Postgres when KILN_PG_DSN is set, else the embedded DuckDB path.")
+@dg.asset(deps=["manifest"], group_name="warehouse", kinds={"postgres", "duckdb"}, description="The filter stage over the warehouse queue: Postgres when KILN_PG_DSN is set (workers as a Slurm array on a Slurm profile), else the embedded DuckDB path.")
 def filtered_queue(context, kiln: KilnResource) -> dg.MaterializeResult:
     import os
 
@@ -205,7 +205,9 @@ def filtered_queue(context, kiln: KilnResource) -> dg.MaterializeResult:
     cfg = kiln.config()
     dsn = os.environ.get("KILN_PG_DSN")
     out = kiln.path("filtered_queue")
-    summary = run_map("filter", kiln.path("manifest"), out, cfg, dsn, cfg.cluster.workers, "manifest", log=context.log.info)
+    on_slurm = dsn is not None and cfg.cluster.kind == "slurm"  # the cluster tier: a Slurm array of queue workers
+    workers, slurm_workers = (0, cfg.cluster.max_array_parallel) if on_slurm else (cfg.cluster.workers, 0)
+    summary = run_map("filter", kiln.path("manifest"), out, cfg, dsn, workers, "manifest", log=context.log.info, slurm_workers=slurm_workers)
     return dg.MaterializeResult(metadata={**stage_metadata(summary, out), "warehouse": "postgres" if dsn else "embedded (duckdb)"})
 
 
