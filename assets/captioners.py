@@ -85,8 +85,6 @@ def chat_text(processor, prompt: str) -> str:
     return f"{processor.image_token}\n{prompt}"  # processors without a template: image placeholder, then the ask
 
 
-
-
 def vlm_inputs(processor, uris: list[str], prompts: list[str], device: str = "cpu", max_pixels: int = 64_000_000):
     """One padded batch: each image opened as every stage opens it (EXIF-upright RGB), each prompt in the chat template."""
     images = [open_rgb(read_bytes(u), max_pixels) for u in uris]

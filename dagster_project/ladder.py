@@ -19,6 +19,7 @@ import dagster as dg
 
 from dagster_project.assets import run_data_stage, train_checkpoint
 from dagster_project.resources import KilnResource
+from kiln.config import load_config
 
 
 @dataclass(frozen=True)
@@ -44,13 +45,17 @@ LADDER = [
 ]
 
 
-def rung_config(kiln: KilnResource, rung: Rung, **paths: str):
-    """The stage's config: `train=<stage>` under the resource's overrides, then the ladder's own paths."""
-    cfg = kiln.config_with([f"train={rung.stage}", *kiln.overrides])
+def rung_config(kiln: KilnResource, rung: Rung, with_mix: bool = False):
+    """The stage's config: `train=<stage>` under the resource's overrides, then the ladder's wiring: the
+    previous rung's checkpoint as `init_from`, the stage's resolution (and, for its train set, its mix) for pack."""
+    cfg = load_config([f"train={rung.stage}", *kiln.overrides])
     init_from = str(checkpoint_dir(kiln, rung.previous)) if rung.previous else cfg.train.init_from
     train = cfg.train.model_copy(update={"init_from": init_from})
-    pack = cfg.data.pack.model_copy(update={"resolution": cfg.train.resolution or cfg.data.pack.resolution, **paths})
-    return cfg.model_copy(update={"train": train, "data": cfg.data.model_copy(update={"pack": pack})})
+    pack: dict = {"resolution": cfg.train.resolution or cfg.data.pack.resolution}
+    if with_mix:
+        pack["mix_file"] = mix_file(kiln, cfg.train.mix)
+    data = cfg.data.model_copy(update={"pack": cfg.data.pack.model_copy(update=pack)})
+    return cfg.model_copy(update={"train": train, "data": data})
 
 
 def checkpoint_dir(kiln: KilnResource, stage: str) -> Path:
@@ -70,9 +75,7 @@ def mix_file(kiln: KilnResource, mix: str | None) -> str | None:
 def _train_set_asset(rung: Rung) -> dg.AssetsDefinition:
     @dg.asset(name=rung.train_set, deps=["captioned", "mixes"], group_name="training_ladder", kinds={"python", "parquet"}, description=f"`kiln stage pack` over captioned for {rung.stage}: its resolution, its mix.")
     def _asset(kiln: KilnResource) -> dg.MaterializeResult:
-        base = kiln.config_with([f"train={rung.stage}", *kiln.overrides])
-        cfg = rung_config(kiln, rung, mix_file=mix_file(kiln, base.train.mix))
-        return run_data_stage("pack", kiln.path("captioned"), kiln.path(rung.train_set), cfg)
+        return run_data_stage("pack", kiln.path("captioned"), kiln.path(rung.train_set), rung_config(kiln, rung, with_mix=True))
 
     return _asset
 

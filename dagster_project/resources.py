@@ -18,9 +18,5 @@ class KilnResource(dg.ConfigurableResource):
     def config(self) -> KilnConfig:
         return load_config(list(self.overrides))
 
-    def config_with(self, overrides: list[str]) -> KilnConfig:
-        """A config composed from these overrides instead (e.g. `train=<stage>` before the resource's own)."""
-        return load_config(list(overrides))
-
     def path(self, name: str) -> Path:
         return Path(self.data_dir) / name

@@ -194,7 +194,7 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
         stream = data.stream(tc.seed, run.position)
         with Prefetcher(stream, latent_encoder(gen, cfg.model.latent_cache_dir), tc.loader_workers) as loader:
             steps = range(step, end)
-            for step in progress(steps, desc="train", total=len(steps), unit="step") if ranks.rank == 0 else steps:
+            for step in progress(steps, desc="train", total=len(steps), unit="step"):  # rank 0's bar only (kiln.progress)
                 started = time.perf_counter()
                 item = next(loader)
                 batch = item.batch
