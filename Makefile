@@ -19,6 +19,7 @@ ui: env
 	DAGSTER_HOME=$(CURDIR)/.dagster .venv/bin/dagster dev -m dagster_project.definitions
 
 repro: env
+	.venv/bin/kiln dvc write
 	PATH=$(CURDIR)/.venv/bin:$$PATH .venv/bin/dvc repro
 
 clean:

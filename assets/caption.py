@@ -58,7 +58,18 @@ class SceneMetadataCaptioner:
         return [self.by_md5.get(md5) for md5 in rows.column("md5").to_pylist()]
 
 
+class SourceCaptioner:
+    """The caption the source carried: alt text of a Parquet list, a WebDataset sample's .txt, a .json caption."""
+
+    name = "source_caption"
+
+    def caption(self, rows: pa.Table) -> list[str | None]:
+        return rows.column("source_caption").to_pylist()
+
+
 def make_captioner(cfg: CaptionConfig) -> Captioner:
+    if cfg.captioner == "source":
+        return SourceCaptioner()
     if cfg.captioner == "scene_metadata":
         return SceneMetadataCaptioner(cfg.truth)
     if cfg.captioner == "vlm":

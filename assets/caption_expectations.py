@@ -20,6 +20,13 @@ PATH_LEAK = r"(/|\\|\.(png|jpe?g|webp|gif|tiff?|bmp|parquet|tar)\b)"
 FORM_COLUMNS = {"short": "caption_short", "medium": "caption_medium", "long": "caption_long", "tags": "caption_tags", "json": "caption_json"}
 
 
+def ocr_engines(cfg: KilnConfig) -> list[str]:
+    """What may have read a row: the configured engine, and its text gate where the gate did not fire."""
+    from assets.ocr import TextGate
+
+    return [cfg.data.ocr.engine] + ([TextGate(cfg.data.ocr.gate_side).name] if cfg.data.ocr.gate_side else [])
+
+
 def _expectations(dataset: str, cfg: KilnConfig) -> list:
     import great_expectations as gx
 
@@ -27,7 +34,7 @@ def _expectations(dataset: str, cfg: KilnConfig) -> list:
     ocred = [
         E.ExpectColumnValuesToBeUnique(column="id"),
         E.ExpectColumnValuesToNotBeNull(column="ocr_text"),
-        E.ExpectColumnValuesToBeInSet(column="ocr_engine", value_set=["rapidocr", "tesseract"]),
+        E.ExpectColumnValuesToBeInSet(column="ocr_engine", value_set=ocr_engines(cfg)),
         E.ExpectColumnValuesToBeBetween(column="text_area_share", min_value=0, max_value=1),
         E.ExpectColumnValuesToBeBetween(column="text_density", min_value=0),
         E.ExpectColumnValuesToBeBetween(column="text_complexity", min_value=0),

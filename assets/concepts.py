@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kiln.config import ConceptConfig
+from kiln.paths import repo_file
 from kiln.schemas import CONCEPT_COUNTS, CONCEPT_WEIGHTS, check_schema
 from kiln.sql import reproducible_connection
 from kiln.stage import read_dataset, write_table
@@ -38,7 +39,7 @@ def _arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
 
 def load_concepts(path: Path | str) -> pa.Table:
     """concept (str), rank (int64) from CSV or Parquet; blank and repeated concepts dropped (best rank kept)."""
-    path = Path(path)
+    path = repo_file(path)
     if not path.is_file():
         raise FileNotFoundError(f"concept list {path} does not exist (cfg.data.concepts.path)")
     reader = "read_parquet" if path.suffix == ".parquet" else "read_csv"

@@ -8,6 +8,10 @@ key and each key within s bit flips of it, so every pair within the radius becom
 (recall 1.0 by construction). Candidates are verified by exact Hamming distance on uint64 words,
 pHash AND colour hash, and the verified pairs joined into groups by connected components.
 
+With `mirror`, every hash also probes with its mirrored pHash (`assets.hashes.mirror_phash`, a fixed
+bit mask), so a left-right flipped copy is found too; the distance of a pair is then the smaller of
+d(a, b) and d(mirror(a), b) (= d(a, mirror(b))), and the same pigeonhole argument keeps the search exact.
+
 Each group keeps one row: the largest width * height, then the largest file, then the smallest id. Every other member is
 rejected with the keeper's id as detail and its pHash distance to the keeper as value:
 EXACT_DUPLICATE when it is a byte copy of another member, NEAR_DUPLICATE otherwise.
@@ -23,7 +27,7 @@ import pyarrow as pa
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from assets.hashes import COLOR_BYTES, PHASH_BYTES, hamming_rows, to_words
+from assets.hashes import COLOR_BYTES, PHASH_BYTES, hamming_rows, mirror_phash, to_words
 from kiln.config import KilnConfig
 from kiln.reasons import Reason
 from kiln.schemas import DEDUPED, FILTERED
@@ -105,34 +109,41 @@ def _chunks(count: np.ndarray, cap: int) -> list[slice]:
 
 
 def near_pairs(
-    phash: np.ndarray, color: np.ndarray, phash_radius: int, color_radius: int, bands: int
+    phash: np.ndarray, color: np.ndarray, phash_radius: int, color_radius: int, bands: int, mirror: bool = False
 ) -> np.ndarray:
     """All index pairs (i < j) within both radii, as a sorted unique (k, 2) int64 array.
 
-    phash: (n, 18) uint8, color: (n, 8) uint8. Exact: every pair within the radii is returned.
+    phash: (n, 18) uint8, color: (n, 8) uint8. Exact: every pair within the radii is returned. With
+    `mirror`, so is every pair with d(mirror(phash[i]), phash[j]) within the radius (a flipped copy).
     """
     n = len(phash)
     if n < 2:
         return np.empty((0, 2), np.int64)
+    phash = phash.reshape(n, PHASH_BYTES)
     pw, cw = to_words(phash, PHASH_BYTES), to_words(color, COLOR_BYTES)
-    bits = np.unpackbits(phash.reshape(n, PHASH_BYTES), axis=1)
+    bits = np.unpackbits(phash, axis=1)
+    queries = [(bits, pw)]  # (query bits, query words): the hashes themselves, then their mirrors
+    if mirror:
+        mirrored = mirror_phash(phash)
+        queries.append((np.unpackbits(mirrored, axis=1), to_words(mirrored, PHASH_BYTES)))
     flips_per_band = phash_radius // bands
     found: list[np.ndarray] = []
     rows = np.arange(n, dtype=np.int64)
     for positions in band_bits(bands):
-        keys = band_keys(bits, positions)
-        index = BandIndex.build(keys, len(positions))
-        for mask in flip_masks(len(positions), flips_per_band):
-            start, count = index.lookup(keys ^ mask)
-            for part in _chunks(count, MAX_PAIRS_PER_CHUNK):
-                i, j = _expand(rows[part], start[part], count[part], index.order)
-                keep = i < j
-                i, j = i[keep], j[keep]
-                ok = np.bitwise_count(cw[i, 0] ^ cw[j, 0]) <= color_radius  # one word: the cheap test first
-                i, j = i[ok], j[ok]
-                ok = hamming_rows(pw[i], pw[j]) <= phash_radius
-                if ok.any():
-                    found.append(i[ok] * n + j[ok])
+        index = BandIndex.build(band_keys(bits, positions), len(positions))
+        for qbits, qw in queries:
+            keys = band_keys(qbits, positions)
+            for mask in flip_masks(len(positions), flips_per_band):
+                start, count = index.lookup(keys ^ mask)
+                for part in _chunks(count, MAX_PAIRS_PER_CHUNK):
+                    i, j = _expand(rows[part], start[part], count[part], index.order)
+                    keep = i < j  # d(mirror(a), b) = d(a, mirror(b)): each unordered pair is found from both ends
+                    i, j = i[keep], j[keep]
+                    ok = np.bitwise_count(cw[i, 0] ^ cw[j, 0]) <= color_radius  # one word: the cheap test first
+                    i, j = i[ok], j[ok]
+                    ok = hamming_rows(qw[i], pw[j]) <= phash_radius
+                    if ok.any():
+                        found.append(i[ok] * n + j[ok])
     codes = np.unique(np.concatenate(found)) if found else np.empty(0, np.int64)
     return np.stack([codes // n, codes % n], axis=1)
 
@@ -164,10 +175,10 @@ def keepers(labels: np.ndarray, pixels: np.ndarray, sizes: np.ndarray, ids: np.n
 class Groups:
     keeper: np.ndarray  # row index of each row's keeper (itself for kept rows)
     exact: np.ndarray  # bool: a byte copy of another member that is not its md5 class's representative
-    distance: np.ndarray  # pHash distance to the keeper
+    distance: np.ndarray  # pHash distance to the keeper (to its mirror when that is nearer and mirror is on)
 
 
-def find_groups(table: pa.Table, phash_radius: int, color_radius: int, bands: int) -> Groups:
+def find_groups(table: pa.Table, phash_radius: int, color_radius: int, bands: int, mirror: bool = False) -> Groups:
     n = table.num_rows
     ids = np.array(table.column("id").to_pylist(), dtype=str)
     pixels = np.asarray(table.column("width"), np.int64) * np.asarray(table.column("height"), np.int64)
@@ -177,13 +188,16 @@ def find_groups(table: pa.Table, phash_radius: int, color_radius: int, bands: in
     reps = np.flatnonzero(rep == np.arange(n))
     phash = np.frombuffer(b"".join(table.column("phash").to_pylist()), np.uint8).reshape(n, PHASH_BYTES)
     color = np.frombuffer(b"".join(table.column("colorhash").to_pylist()), np.uint8).reshape(n, COLOR_BYTES)
-    pairs = near_pairs(phash[reps], color[reps], phash_radius, color_radius, bands)
+    pairs = near_pairs(phash[reps], color[reps], phash_radius, color_radius, bands, mirror)
     rep_label = np.empty(n, np.int64)
     rep_label[reps] = components(len(reps), pairs)
     label = rep_label[rep]
     keeper = keepers(label, pixels, sizes, ids)
     pw = to_words(phash, PHASH_BYTES)
-    return Groups(keeper, rep != np.arange(n), hamming_rows(pw, pw[keeper]))
+    distance = hamming_rows(pw, pw[keeper])
+    if mirror:
+        distance = np.minimum(distance, hamming_rows(to_words(mirror_phash(phash), PHASH_BYTES), pw[keeper]))
+    return Groups(keeper, rep != np.arange(n), distance)
 
 
 def dedup(table: pa.Table, cfg: KilnConfig) -> StageOutput:
@@ -191,7 +205,7 @@ def dedup(table: pa.Table, cfg: KilnConfig) -> StageOutput:
     rejects = Rejects("dedup")
     if table.num_rows == 0:
         return StageOutput(DEDUPED.empty_table(), rejects.table())
-    g = find_groups(table, d.phash_radius, d.color_radius, d.bands)
+    g = find_groups(table, d.phash_radius, d.color_radius, d.bands, d.mirror)
     ids, uris = table.column("id").to_pylist(), table.column("uri").to_pylist()
     kept_rows = np.flatnonzero(g.keeper == np.arange(table.num_rows))
     for r in np.flatnonzero(g.keeper != np.arange(table.num_rows)):

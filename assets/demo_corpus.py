@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -467,6 +469,11 @@ def truth_table(entries: list[Entry]) -> pa.Table:
     return pa.Table.from_pydict(rows, schema=TRUTH).replace_schema_metadata({"kiln.source": "demo-truth"})
 
 
+# Every demo file gets this modification time (2000-01-01 UTC): a source's listing records mtimes as object
+# versions, and a corpus written again must list, and so reproduce downstream, byte for byte.
+DEMO_MTIME = 946_684_800
+
+
 def write_demo_corpus(out: Path, n: int, seed: int, size: int = 96) -> pa.Table:
     """Write n files under out/images and their ground truth to out/truth.parquet (also returned)."""
     out = Path(out)
@@ -475,6 +482,13 @@ def write_demo_corpus(out: Path, n: int, seed: int, size: int = 96) -> pa.Table:
         path = out / "images" / e.file
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(e.data)
+        os.utime(path, (DEMO_MTIME, DEMO_MTIME))
     table = truth_table(entries)
     write_table(table, out / "truth.parquet")
+    (out / "demo.json").write_text(demo_stamp(n, seed, size))
     return table
+
+
+def demo_stamp(n: int, seed: int, size: int) -> str:
+    """What a written corpus was made with (out/demo.json): `source: demo` rewrites the corpus when it differs."""
+    return json.dumps({"n": n, "seed": seed, "size": size}, sort_keys=True) + "\n"

@@ -26,7 +26,7 @@ from assets.imageio import open_rgb
 from kiln.config import EmbedConfig, KilnConfig
 from kiln.reasons import Reason
 from kiln.schemas import DEDUPED, EMBEDDED
-from kiln.stage import Rejects, Stage, StageOutput
+from kiln.stage import Rejects, Stage, StageOutput, StageResources
 from kiln.uri import read_bytes
 
 
@@ -227,4 +227,7 @@ def embed_stage(table: pa.Table, cfg: KilnConfig) -> StageOutput:
     return embed_rows(table, make_embedder(cfg.data.embed), cfg.data.filters.max_pixels)
 
 
-STAGE = Stage("embed", embed_stage, input_schema=DEDUPED, output_schema=EMBEDDED, scope="shard")
+STAGE = Stage(
+    "embed", embed_stage, input_schema=DEDUPED, output_schema=EMBEDDED, scope="shard",
+    resources=StageResources(cpus=2), setup=lambda cfg: make_embedder(cfg.data.embed),
+)  # fmt: skip

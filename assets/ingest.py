@@ -1,15 +1,16 @@
-"""Ingest: any folder / file list / Parquet of uris / WebDataset tar shards -> the MANIFEST.
+"""Ingest: a source's listing (assets.source) -> the MANIFEST.
 
-`list_inputs` turns the input into (id, uri) rows; the stage reads each file once for its md5 and
-parses only its header (PIL's lazy open) for format, size, mode, EXIF orientation and frame count.
-Uris keep the input path exactly as given, joined with posix relative paths, so a manifest written
-from a relative path reproduces byte for byte on any clone.
+The stage reads each object once for its md5 and parses only its header (PIL's lazy open) for
+format, size, mode, EXIF orientation and frame count; the columns the source carried (caption,
+licence, source name, metadata) travel with the row. An object whose size differs from its listing,
+or that is gone, is rejected `unreadable` with what changed in `detail`.
+Local uris keep the input path exactly as given, so a manifest written from a relative path
+reproduces byte for byte on any clone.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import warnings
 from pathlib import Path
 
@@ -17,68 +18,23 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from assets.imageio import exif_orientation, open_header
+from assets.source import CARRIED, LISTING, is_listing, list_source, uri_id
 from kiln.config import KilnConfig
-from kiln.progress import log
 from kiln.reasons import Reason
 from kiln.schemas import MANIFEST
 from kiln.stage import Rejects, Stage, StageOutput
-from kiln.uri import read_bytes, tar_members, tar_uri
+from kiln.uri import read_bytes
 
-INPUTS = pa.schema([pa.field("id", pa.string(), nullable=False), pa.field("uri", pa.string(), nullable=False)])
-
-
-def uri_id(uri: str) -> str:
-    """Stable row id: the first 16 hex chars of sha1(uri)."""
-    return hashlib.sha1(uri.encode("utf-8")).hexdigest()[:16]
-
-
-def _is_tar(path: str) -> bool:
-    return path.endswith(".tar")
-
-
-def _walk(folder: Path) -> list[str]:
-    """Every regular file under folder, sorted by posix relative path, joined onto folder as given."""
-    rels = []
-    for root, dirs, files in os.walk(folder):
-        dirs.sort()
-        rel_root = Path(root).relative_to(folder)
-        rels.extend((rel_root / f).as_posix() for f in files)
-    return [(folder / rel).as_posix() for rel in sorted(rels)]
-
-
-def _expand_tars(paths: list[str]) -> list[str]:
-    """Tar shards become one uri per member (`shard.tar::member`), in archive order."""
-    out: list[str] = []
-    for p in paths:
-        if _is_tar(p) and os.path.isfile(p):
-            out.extend(tar_uri(p, m) for m in tar_members(p))
-        else:
-            out.append(p)
-    return out
-
-
-def _read_list(path: Path) -> list[str]:
-    lines = (line.strip() for line in path.read_text(encoding="utf-8").splitlines())
-    return [line for line in lines if line and not line.startswith("#")]
+INPUTS = LISTING
+__all__ = ["INPUTS", "ingest", "list_inputs", "uri_id"]
 
 
 def list_inputs(path: Path | str) -> pa.Table:
-    """The (id, uri) rows of an input: folder (recursive, sorted), .txt list, Parquet with `uri`, or tars."""
-    path = Path(path)
-    if path.is_dir():
-        uris = _expand_tars(_walk(path))
-    elif path.suffix == ".txt":
-        uris = _expand_tars(_read_list(path))
-    elif path.suffix == ".parquet":
-        uris = pq.read_table(path, columns=["uri"]).column("uri").to_pylist()
-    elif _is_tar(path.as_posix()):
-        uris = _expand_tars([path.as_posix()])
-    else:
-        raise ValueError(f"ingest input {path}: expected a folder, a .txt list, a .parquet with a uri column or a .tar")
-    unique = list(dict.fromkeys(uris))  # a uri listed twice is one file: keep its first position
-    if len(unique) != len(uris):
-        log.warning("ingest: %d repeated uris in %s listed once", len(uris) - len(unique), path)
-    return pa.table({"id": [uri_id(u) for u in unique], "uri": unique}, schema=INPUTS)
+    """The listing a stage run ingests: a listing kiln wrote (`kiln source`), else the source listed now."""
+    path = str(path)
+    if path.endswith(".parquet") and "://" not in path and Path(path).is_file() and is_listing(pq.read_schema(path)):
+        return pq.read_table(path).cast(LISTING)
+    return list_source(path)
 
 
 def _n_frames(im) -> int:
@@ -107,22 +63,37 @@ def describe(id: str, uri: str, data: bytes) -> dict:
         }
 
 
+def changed_since_listing(listed: dict, data: bytes) -> str | None:
+    """What differs between the listed object and the bytes read: the size, or an MD5 ETag (S3 single-part)."""
+    if listed["size"] is not None and len(data) != listed["size"]:
+        return f"listed {listed['size']} bytes, read {len(data)}"
+    etag = (listed["version"] or "").lower()
+    md5_etag = len(etag) == 32 and all(c in "0123456789abcdef" for c in etag) and "::" not in listed["uri"]
+    if md5_etag and (md5 := hashlib.md5(data).hexdigest()) != etag:
+        return f"listed ETag {etag}, read md5 {md5}"
+    return None
+
+
 def ingest(table: pa.Table, cfg: KilnConfig) -> StageOutput:
     from PIL import UnidentifiedImageError
 
     rejects = Rejects("ingest")
     rows: list[dict] = []
-    for id, uri in zip(table.column("id").to_pylist(), table.column("uri").to_pylist()):
+    for listed in table.to_pylist():
+        id, uri = listed["id"], listed["uri"]
         try:
             data = read_bytes(uri)
         except OSError as e:
             rejects.add(id, uri, Reason.UNREADABLE, None, f"{type(e).__name__}: {e}")
             continue
+        if changed := changed_since_listing(listed, data):
+            rejects.add(id, uri, Reason.UNREADABLE, float(len(data)), f"changed since listing: {changed}")
+            continue
         if not data:
             rejects.add(id, uri, Reason.EMPTY_FILE, 0.0, "0 bytes")
             continue
         try:
-            rows.append(describe(id, uri, data))
+            rows.append(describe(id, uri, data) | {k: listed[k] for k in CARRIED})
         except UnidentifiedImageError:
             rejects.add(id, uri, Reason.NOT_AN_IMAGE, float(len(data)), "PIL cannot identify the header")
         except Exception as e:  # a header PIL recognises but cannot parse

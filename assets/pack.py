@@ -1,4 +1,4 @@
-"""The pack stage: captioned images -> a pre-shuffled training set whose every batch shares one bucket.
+"""The pack stage: rewritten images -> a pre-shuffled training set whose every batch shares one bucket.
 
 Each image is decoded once, assigned the aspect-ratio bucket nearest its own (aspect = width / height),
 resized so that it covers the bucket and centre-cropped to it, and stored as raw uint8 H x W x 3 bytes,
@@ -8,6 +8,11 @@ so the trainer only has to `frombuffer` a batch. Bucket sides are multiples of 8
 The order is fixed here, not in the data loader: rows are shuffled with `cfg.data.pack.seed`, cut
 into batches per bucket (a bucket's last batch may be smaller: nothing is dropped), and the batches
 shuffled again so buckets interleave. Reading the rows in `order` replays exactly that stream.
+
+Each row carries what training samples from: every caption form (`caption_forms`, the loader draws one
+per sample and epoch) and its concept-coverage `sampling_weight` (`data.pack.weights_file`). The
+weights have mean 1 over the pool, so a row the file does not name gets 1, the neutral weight, as in
+assets.mixes; a file that names none of the rows is the wrong file and fails the stage.
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ from PIL import Image
 
 from assets.imageio import open_rgb
 from kiln.config import KilnConfig
+from kiln.progress import log
 from kiln.reasons import Reason
-from kiln.schemas import CAPTIONED, TRAIN
+from kiln.sampling import FORMS, dump_forms
+from kiln.schemas import REWRITTEN, TRAIN
 from kiln.stage import Rejects, Stage, StageOutput
 from kiln.uri import read_bytes
 
@@ -102,6 +109,39 @@ def mix_ids(mix_file: str | None) -> set[str] | None:
     return set(pq.read_table(mix_file, columns=["id"]).column("id").to_pylist())
 
 
+def read_weights(weights_file: str | None) -> dict[str, float]:
+    """id -> sampling_weight from a concept coverage weights file; empty without one. Refuses weights
+    that are negative or not finite: a sampler cannot honour them."""
+    if weights_file is None:
+        return {}
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(weights_file, columns=["id", "sampling_weight"])
+    weights = dict(zip(t.column("id").to_pylist(), t.column("sampling_weight").to_pylist()))
+    bad = {i: w for i, w in weights.items() if w is None or not (math.isfinite(w) and w >= 0)}
+    if bad:
+        raise ValueError(f"{weights_file}: sampling weights must be finite and >= 0, got {dict(list(bad.items())[:5])}")
+    return weights
+
+
+def row_weights(ids: list[str], weights: dict[str, float], weights_file: str | None) -> list[float]:
+    """Each row's weight; 1.0 for a row the file does not name (logged), and every row 1.0 without a file."""
+    if weights_file is None:
+        return [1.0] * len(ids)
+    named = sum(i in weights for i in ids)
+    if ids and not named:
+        raise ValueError(f"weights file {weights_file} names none of the {len(ids)} rows packed: weights of another pool?")
+    if named < len(ids):
+        log.warning("pack: %d of %d rows are not in %s and get sampling weight 1", len(ids) - named, len(ids), weights_file)
+    return [float(weights.get(i, 1.0)) for i in ids]
+
+
+def caption_forms(table: pa.Table) -> list[str]:
+    """Every row's caption forms (the REWRITTEN caption_<form> columns) as one JSON object per row."""
+    columns = {f: table.column(f"caption_{f}").to_pylist() for f in FORMS}
+    return [dump_forms({f: columns[f][i] for f in FORMS}) for i in range(table.num_rows)]
+
+
 def pack_rows(table: pa.Table, cfg: KilnConfig, stage: str = "pack") -> StageOutput:
     pc = cfg.data.pack
     buckets = buckets_for(pc.aspect_buckets, pc.resolution)
@@ -123,17 +163,18 @@ def pack_rows(table: pa.Table, cfg: KilnConfig, stage: str = "pack") -> StageOut
         packed.append((i, bucket, pixels))
 
     plan = batch_plan([b.name for _, b, _ in packed], pc.batch_size, pc.seed)
-    ids, captions = table.column("id").to_pylist(), table.column("caption").to_pylist()
-    cols: dict[str, list] = {n: [] for n in TRAIN.names}
+    ids, captions, forms = table.column("id").to_pylist(), table.column("caption").to_pylist(), caption_forms(table)
+    weights = row_weights([ids[i] for i, _, _ in packed], read_weights(pc.weights_file), pc.weights_file)
+    rows = []
     for order, (k, batch) in enumerate(plan):
         i, bucket, pixels = packed[k]
-        for name, v in zip(TRAIN.names, (ids[i], captions[i], bucket.name, bucket.height, bucket.width, pixels, batch, order)):
-            cols[name].append(v)
-    return StageOutput(pa.Table.from_pydict(cols, schema=TRAIN), rejects.table())
+        text = {"id": ids[i], "caption": captions[i], "caption_forms": forms[i], "sampling_weight": weights[k]}
+        rows.append(text | {"bucket": bucket.name, "height": bucket.height, "width": bucket.width, "pixels": pixels, "batch": batch, "order": order})
+    return StageOutput(pa.Table.from_pylist(rows, schema=TRAIN), rejects.table())
 
 
 def pack_stage(table: pa.Table, cfg: KilnConfig) -> StageOutput:
     return pack_rows(table, cfg)
 
 
-STAGE = Stage("pack", pack_stage, input_schema=CAPTIONED, output_schema=TRAIN, scope="global")
+STAGE = Stage("pack", pack_stage, input_schema=REWRITTEN, output_schema=TRAIN, scope="global")

@@ -14,7 +14,6 @@ silently.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass
@@ -26,10 +25,10 @@ import pyarrow as pa
 from assets.captioners import GenerationSettings, seed_everything
 from kiln.config import KilnConfig, RewriteConfig
 from kiln.reasons import Reason
+from kiln.sampling import FORMS, pick_form  # shared with training, which draws the forms
 from kiln.schemas import OCR_CAPTIONED, REWRITTEN
 from kiln.stage import Rejects, Stage, StageOutput
 
-FORMS = ("short", "medium", "long", "tags", "json")
 PREPOSITIONS = frozenset(["on", "at", "in", "with", "under", "over", "behind", "beside", "near"])
 STOPWORDS = frozenset(["a", "an", "the", "of", "on", "in", "at", "to", "with", "and", "or", "is", "are", "its", "it", "this", "that", "there", "which", "by", "for", "from", "as"])
 
@@ -212,20 +211,6 @@ def rewrite_stage(table: pa.Table, cfg: KilnConfig) -> StageOutput:
 
 
 # ------------------------------------------------------------------------------------------- training
-def pick_form(row_id: str, probs: dict[str, float], seed: int = 0, epoch: int = 0) -> str:
-    """The caption form one sample trains on: a deterministic draw from `probs` keyed by (seed, epoch, id)."""
-    total = sum(probs.values())
-    if total <= 0 or any(f not in FORMS for f in probs):
-        raise ValueError(f"form probabilities {probs} must be positive over forms {FORMS}")
-    u = int.from_bytes(hashlib.sha1(f"{seed}:{epoch}:{row_id}".encode()).digest()[:8], "big") / 2**64
-    acc = 0.0
-    for form in sorted(probs):
-        acc += probs[form] / total
-        if u < acc:
-            return form
-    return max(probs)
-
-
 def sample_caption(row: dict, probs: dict[str, float], seed: int = 0, epoch: int = 0) -> str:
     """The caption text of one REWRITTEN row for one epoch (what pack / the trainer should use)."""
     return row[f"caption_{pick_form(row['id'], probs, seed, epoch)}"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
@@ -12,93 +11,76 @@ import pyarrow.parquet as pq
 
 from dagster_project.metadata import cluster_grids, dedup_groups_grid, stage_metadata, thumbnails
 from dagster_project.resources import KilnResource
-from slurm.arrays import run_stage_array
+from kiln.executors import execute
+from kiln.lineage import DATA_STEPS, MAIN_CHAIN, PACK, Step, output_hash, step_code_version, step_overrides
+from kiln.progress import log as kiln_log
 from kiln.viz import markdown_image
 
-@dataclass(frozen=True)
-class StageAsset:
-    """One `kiln stage` run as an asset: its key, stage, upstream asset and great-expectations suite."""
-
-    key: str
-    stage: str
-    upstream: str
-    group: str
-    suite: str
-    upstream_dir: str | None = None  # default: the upstream asset's own folder
+# The data assets are the lineage's steps (kiln.lineage): one table for Dagster, DVC and the checks.
+MAIN_STAGES = [*MAIN_CHAIN, PACK]
+DATA_STAGES = DATA_STEPS
 
 
-MAIN_STAGES = [
-    StageAsset("manifest", "ingest", "raw_images", "curation", "manifest", upstream_dir="raw/images"),
-    StageAsset("filtered", "filter", "manifest", "curation", "filtered"),
-    StageAsset("deduped", "dedup", "filtered", "curation", "deduped"),
-    StageAsset("captioned", "caption", "deduped", "captions", "captioned"),
-    StageAsset("train_set", "pack", "captioned", "training", "train_set"),
-]
-# The caption branch of issue 5: OCR-grounded captions and their rewrites (not in `kiln run`'s default job:
-# OCR costs about a second per image on CPU).
-CAPTION_BRANCH = [
-    StageAsset("ocr", "ocr", "deduped", "captions_ocr", "ocred"),
-    StageAsset("text_filtered", "text_filter", "ocr", "captions_ocr", "ocred"),
-    StageAsset("captioned_ocr", "caption_ocr", "text_filtered", "captions_ocr", "ocr_captioned"),
-    StageAsset("rewritten", "rewrite", "captioned_ocr", "captions_ocr", "rewritten"),
-    StageAsset("prompt_pairs", "prompt_pairs", "rewritten", "captions_ocr", "prompt_pairs"),
-]
-# The model-based curation branch of issue 4 (embeddings, classifiers, SAE tags, clusters with human review,
-# semantic dedup); its output has the deduped schema, so `caption` can read it.
-CURATION_MODELS = [
-    StageAsset("embedded", "embed", "deduped", "curation_models", "embedded"),
-    StageAsset("classified", "classify", "embedded", "curation_models", "embedded"),
-    StageAsset("saed", "sae", "classified", "curation_models", "embedded"),
-    StageAsset("clustered", "cluster", "saed", "curation_models", "clustered"),
-    StageAsset("semdeduped", "semdedup", "clustered", "curation_models", "deduped"),
-]
-DATA_STAGES = MAIN_STAGES + CAPTION_BRANCH + CURATION_MODELS
+@dg.observable_source_asset(
+    name="raw_images",
+    group_name="curation",
+    description="The raw images where they are (`data.source`: the demo corpus, a folder, an object-store prefix, "
+    "WebDataset shards, a .txt or Parquet list), observed: listed with each object's size and version into "
+    "data/source/listing.parquet. Its data version is the listing's hash, so a new, changed or removed object "
+    "marks manifest and everything after it stale.",
+    required_resource_keys={"kiln"},
+)
+def raw_images(context) -> dg.ObserveResult:
+    return observe_listing(context.resources.kiln)
 
 
-@dg.asset(group_name="curation", kinds={"python", "image"}, description="The raw image pool: the procedural demo corpus with its ground-truth sidecar.")
-def raw_images(kiln: KilnResource) -> dg.MaterializeResult:
-    from assets.demo_corpus import write_demo_corpus
+def observe_listing(kiln: KilnResource) -> dg.ObserveResult:
+    """List the source into data/source and say what was found; the one observation every door makes."""
+    from assets.source import write_listing
 
-    demo = kiln.config().data.demo
-    out = kiln.path("raw")
-    truth = write_demo_corpus(out, n=demo.n, seed=demo.seed, size=demo.size)
-    cats = truth.group_by("category").aggregate([("file", "count")]).sort_by([("file_count", "descending")])
+    out = kiln.path("source")
+    report = write_listing(kiln.config(), out, kiln.path("raw"))
     md = {
-        "files": truth.num_rows,
-        "categories": dg.MetadataValue.table(
-            records=[dg.TableRecord({"category": c, "files": n}) for c, n in zip(cats.column("category").to_pylist(), cats.column("file_count").to_pylist())],
-            schema=dg.TableSchema(columns=[dg.TableColumn("category", "string"), dg.TableColumn("files", "int")]),
-        ),
+        "objects": report["objects"],
+        "listed_bytes": report["listed_bytes"],
+        "with_source_caption": report["with_source_caption"],
+        "source": dg.MetadataValue.json({"source": report["source"]}),
         "path": dg.MetadataValue.path(str(out)),
     }
-    grid = thumbnails([str(out / "images" / f) for f in truth.column("file").to_pylist()[:24]])
-    if grid:
+    uris = pq.read_table(out / "listing.parquet", columns=["uri"]).column("uri").to_pylist()
+    if grid := thumbnails(uris[:24]):
         md["sample"] = dg.MetadataValue.md(grid)
-    return dg.MaterializeResult(metadata=md)
+    return dg.ObserveResult(data_version=dg.DataVersion(report["version"]), metadata=md)
 
 
 def run_data_stage(stage: str, source: Path, out: Path, cfg, log: Callable[[str], None] | None = None) -> dg.MaterializeResult:
-    """One data stage into `out`, with its metadata: in-process on the local profile, one Slurm array task
-    per shard on a Slurm profile."""
-    summary = run_stage_array(stage, source, out, cfg, log=log)
+    """One data stage into `out` on the profile's executor (kiln.executors), with its metadata."""
+    summary = execute(stage, source, out, cfg, log=log or kiln_log.info)
     md = stage_metadata(summary, out)
+    data_version = dg.DataVersion(output_hash(out))
     extra: Callable[[Path], str | None] | None = {"dedup": dedup_groups_grid, "cluster": cluster_grids}.get(stage)
     if extra and (grid := extra(out)):
         md[f"{stage}_groups"] = dg.MetadataValue.md(grid)
-    return dg.MaterializeResult(metadata=md)
+    return dg.MaterializeResult(metadata=md, data_version=data_version)
 
 
-def _stage_asset(sa: StageAsset) -> dg.AssetsDefinition:
-    key, stage, upstream = sa.key, sa.stage, sa.upstream
-
-    @dg.asset(name=key, deps=[upstream], group_name=sa.group, kinds={"python", "parquet"}, description=f"`kiln stage {stage}` over {upstream}: kept rows + rejected rows with reasons.")
+def _stage_asset(st: Step) -> dg.AssetsDefinition:
+    @dg.asset(
+        name=st.key,
+        deps=[st.upstream, *st.extra_deps],
+        group_name=st.group,
+        kinds={"python", "parquet"},
+        code_version=step_code_version(st),
+        description=f"`kiln stage {st.stage}` over {st.upstream}: kept rows + rejected rows with reasons.",
+    )
     def _asset(context, kiln: KilnResource) -> dg.MaterializeResult:
-        return run_data_stage(stage, kiln.path(sa.upstream_dir or upstream), kiln.path(key), kiln.config(), log=context.log.info)
+        cfg = kiln.config(step_overrides(st, kiln.data_dir, kiln.config().train.mix))
+        return run_data_stage(st.stage, kiln.path(st.reads), kiln.path(st.key), cfg, log=context.log.info)
 
     return _asset
 
 
-stage_assets = [_stage_asset(sa) for sa in DATA_STAGES]
+stage_assets = [_stage_asset(st) for st in DATA_STAGES]
 
 
 @dg.asset(deps=["train_set"], group_name="training", kinds={"pytorch", "safetensors"}, description="The pretrained DiT: safetensors weights + config, with its loss curve.")
@@ -116,6 +98,12 @@ def train_checkpoint(context, data: Path, out: Path, cfg) -> dg.MaterializeResul
 
         train(data, out, cfg)
     md.update(_scalars(json.loads((out / "train_state.json").read_text())))
+    seen = out / "train_data.json"  # the train set version, mix, caption forms drawn and sampling weights it trained on
+    if seen.exists():
+        data = json.loads(seen.read_text())
+        md["train_set_version"] = str(data.get("train_set_version"))
+        md["mix"] = str(data.get("mix"))
+        md["caption_forms_drawn"] = dg.MetadataValue.json(data.get("caption_forms_drawn", {}))
     throughput = out / "throughput.json"  # samples/s, tokens/s, TFLOP/s per device, MFU (on known GPUs), spike counts
     if throughput.exists():
         md.update(_scalars(json.loads(throughput.read_text()), "throughput."))
@@ -171,7 +159,7 @@ def _scalars(d: dict, prefix: str = "") -> dict:
     return out
 
 
-@dg.asset(deps=["rewritten"], group_name="captions_ocr", kinds={"duckdb"}, description="Concept coverage of the captions: per-concept counts, sampling weights that raise rare concepts, a plot.")
+@dg.asset(deps=["rewritten"], group_name="captions", kinds={"duckdb"}, description="Concept coverage of the captions: per-concept counts, sampling weights that raise rare concepts, a plot.")
 def coverage(kiln: KilnResource) -> dg.MaterializeResult:
     from assets.concepts import write_coverage
 
@@ -183,7 +171,7 @@ def coverage(kiln: KilnResource) -> dg.MaterializeResult:
     return dg.MaterializeResult(metadata=md)
 
 
-@dg.asset(deps=["rewritten", "coverage"], group_name="captions_ocr", kinds={"duckdb", "parquet"}, description="Pretraining, midtraining and SFT mixes as DuckDB queries over the pool, proportions recorded.")
+@dg.asset(deps=["rewritten", "coverage"], group_name="captions", kinds={"duckdb", "parquet"}, description="Pretraining, midtraining and SFT mixes as DuckDB queries over the pool, proportions recorded.")
 def mixes(kiln: KilnResource) -> dg.MaterializeResult:
     from assets.mixes import write_mixes
 
@@ -192,8 +180,8 @@ def mixes(kiln: KilnResource) -> dg.MaterializeResult:
     return dg.MaterializeResult(metadata={"mixes": dg.MetadataValue.json(meta), "path": dg.MetadataValue.path(str(out))})
 
 
-MAIN_ASSETS = [raw_images, *stage_assets[: len(MAIN_STAGES)], checkpoint, samples, evaluation]
-all_assets = [*MAIN_ASSETS, *stage_assets[len(MAIN_STAGES) :], coverage, mixes]
+MAIN_ASSETS = [raw_images, *stage_assets[: len(MAIN_STAGES)], coverage, mixes, checkpoint, samples, evaluation]
+all_assets = [*MAIN_ASSETS, *stage_assets[len(MAIN_STAGES) :]]
 
 
 @dg.asset(deps=["manifest"], group_name="warehouse", kinds={"postgres", "duckdb"}, description="The filter stage over the warehouse queue: Postgres when KILN_PG_DSN is set (workers as a Slurm array on a Slurm profile), else the embedded DuckDB path.")

@@ -13,13 +13,14 @@ from dagster_project.ladder import LADDER
 from dagster_project.resources import KilnResource
 from kiln.stage import Summary, shard_paths
 
+
 def count_rows(dataset: Path) -> int:
     return sum(pq.read_metadata(p).num_rows for p in shard_paths(dataset))
 
 
 def _upstream_rows(kiln: KilnResource, upstream: str) -> int:
-    if upstream == "raw_images":
-        return pq.read_metadata(kiln.path("raw") / "truth.parquet").num_rows
+    if upstream == "raw_images":  # the source's listing: every object it holds
+        return pq.read_metadata(kiln.path("source") / "listing.parquet").num_rows
     return count_rows(kiln.path(upstream) / "kept")
 
 
@@ -56,5 +57,5 @@ def _expectations_check(key: str, suite: str) -> dg.AssetChecksDefinition:
     return _check
 
 
-checked = [(sa.key, sa.upstream, sa.suite) for sa in DATA_STAGES] + [(r.train_set, "captioned", "train_set") for r in LADDER]
+checked = [(st.key, st.upstream, st.suite) for st in DATA_STAGES] + [(r.train_set, "rewritten", "train_set") for r in LADDER]
 all_checks = [_accounting_check(key, upstream) for key, upstream, _ in checked] + [_expectations_check(key, suite) for key, _, suite in checked]

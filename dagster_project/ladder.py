@@ -1,6 +1,6 @@
 """The training ladder as assets: 256 -> 512 -> 1024 pretraining, midtraining, SFT and the PMA checkpoint.
 
-Each rung is two assets: `train_set_<stage>`, the pack stage over `captioned` at the stage's resolution
+Each rung is two assets: `train_set_<stage>`, the pack stage over `rewritten` at the stage's resolution
 (`train.resolution`) restricted to its dataset mix (`train.mix`, rows outside it rejected `not_in_mix`),
 and `checkpoint_<stage>`, the trainer on it from the previous rung's weights (`train.init_from`), with its
 config `train=<stage>` (conf/train/<stage>.yaml). `checkpoint_pma` averages the last `train.pma_k` step
@@ -51,7 +51,7 @@ def rung_config(kiln: KilnResource, rung: Rung, with_mix: bool = False):
     cfg = load_config([f"train={rung.stage}", *kiln.overrides])
     init_from = str(checkpoint_dir(kiln, rung.previous)) if rung.previous else cfg.train.init_from
     train = cfg.train.model_copy(update={"init_from": init_from})
-    pack: dict = {"resolution": cfg.train.resolution or cfg.data.pack.resolution}
+    pack: dict = {"resolution": cfg.train.resolution or cfg.data.pack.resolution, "weights_file": str(kiln.path("coverage") / "weights.parquet")}
     if with_mix:
         pack["mix_file"] = mix_file(kiln, cfg.train.mix)
     data = cfg.data.model_copy(update={"pack": cfg.data.pack.model_copy(update=pack)})
@@ -73,9 +73,9 @@ def mix_file(kiln: KilnResource, mix: str | None) -> str | None:
 
 
 def _train_set_asset(rung: Rung) -> dg.AssetsDefinition:
-    @dg.asset(name=rung.train_set, deps=["captioned", "mixes"], group_name="training_ladder", kinds={"python", "parquet"}, description=f"`kiln stage pack` over captioned for {rung.stage}: its resolution, its mix.")
+    @dg.asset(name=rung.train_set, deps=["rewritten", "coverage", "mixes"], group_name="training_ladder", kinds={"python", "parquet"}, description=f"`kiln stage pack` over rewritten for {rung.stage}: its resolution, its mix, the coverage weights.")
     def _asset(kiln: KilnResource) -> dg.MaterializeResult:
-        return run_data_stage("pack", kiln.path("captioned"), kiln.path(rung.train_set), rung_config(kiln, rung, with_mix=True))
+        return run_data_stage("pack", kiln.path("rewritten"), kiln.path(rung.train_set), rung_config(kiln, rung, with_mix=True))
 
     return _asset
 

@@ -15,8 +15,9 @@ class KilnResource(dg.ConfigurableResource):
     overrides: list[str] = []
     data_dir: str = "data"
 
-    def config(self) -> KilnConfig:
-        return load_config(list(self.overrides))
+    def config(self, extra: list[str] | None = None) -> KilnConfig:
+        """The composed config; `extra` overrides come after the resource's (a step's own inputs)."""
+        return load_config([*self.overrides, *(extra or [])])
 
     def path(self, name: str) -> Path:
         return Path(self.data_dir) / name

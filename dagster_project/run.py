@@ -1,18 +1,21 @@
-"""`kiln run`: materialize the asset graph in-process through Dagster's Python API.
+"""`kiln run`: execute a job of `dagster_project.definitions` in-process, as the UI would launch it.
 
-The selection is built from AssetKeys, not the selection-string parser, and runs are recorded in the
-instance under DAGSTER_HOME (default `.dagster/`), so `dagster dev` shows them afterwards.
+The default is the `main` job, so its runs are recorded under `main` in the instance at DAGSTER_HOME
+(default `.dagster/`), and `dagster dev` shows them afterwards. `--select` and `--all` run an ad hoc job
+over the same definitions. The config and the source are checked before any asset runs; the
+overrides reach the assets as the `kiln` resource's run config, as from the launchpad.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 import dagster as dg
 
-from dagster_project.assets import MAIN_ASSETS, all_assets
-from dagster_project.checks import all_checks
+from assets.source import check_source, source_uris
+from dagster_project.progress import QUIET_CONSOLE, kiln_progress_line
 from dagster_project.resources import KilnResource
 from kiln.paths import data_dir
 
@@ -25,17 +28,27 @@ def dagster_home() -> Path:
     return home
 
 
+def job_for(select: list[str] | None, everything: bool) -> dg.JobDefinition:
+    """`main`, or an ad hoc job over the same definitions: the named assets, or every asset outside the ladder."""
+    from dagster_project import definitions as d
+    from dagster_project.assets import all_assets
+
+    if not select and not everything:
+        return d.defs.resolve_job_def("main")
+    keys = [dg.AssetKey(k) for k in select] if select else [a.key for a in all_assets]
+    adhoc = dg.define_asset_job("kiln_run", selection=dg.AssetSelection.assets(*keys), hooks={kiln_progress_line})
+    return dg.Definitions(assets=d.defs.assets, asset_checks=d.defs.asset_checks, jobs=[adhoc], resources=d.defs.resources).resolve_job_def("kiln_run")
+
+
 def materialize_all(overrides: list[str] | None = None, select: list[str] | None = None, everything: bool = False) -> bool:
     """The main job by default (raw images to an evaluated checkpoint); `select` names assets; `everything` adds the branches."""
     dagster_home()
-    if everything:
-        selection = dg.AssetSelection.all()
-    else:
-        selection = dg.AssetSelection.assets(*([dg.AssetKey(k) for k in select] if select else MAIN_ASSETS))
-    result = dg.materialize(
-        [*all_assets, *all_checks],
-        selection=selection,
-        resources={"kiln": KilnResource(overrides=list(overrides or []), data_dir=str(data_dir()))},
+    resource = KilnResource(overrides=list(overrides or []), data_dir=str(data_dir()))
+    cfg = resource.config()  # a config that cannot run fails here, before any asset
+    check_source([u for u in source_uris(cfg.data.source) if u != "demo"])  # and so does a source that cannot be read
+    logging.getLogger().setLevel(logging.WARNING)  # one line per asset says it (progress.py); details stay in the event log
+    result = job_for(select, everything).execute_in_process(
+        run_config={"resources": {"kiln": {"config": {"overrides": resource.overrides, "data_dir": resource.data_dir}}}, **QUIET_CONSOLE},
         instance=dg.DagsterInstance.get(),
         tags={"kiln/entry": "kiln run"},
         raise_on_error=False,

@@ -31,10 +31,50 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_stage(args: argparse.Namespace) -> int:
-    from kiln.stage import run_stage
+def cmd_source(args: argparse.Namespace) -> int:
+    import json
 
-    s = run_stage(args.name, args.input, args.output, _cfg(args.overrides))
+    from assets.source import write_listing
+    from kiln.paths import artifact
+
+    report = write_listing(_cfg(args.overrides), Path(args.out), Path(args.raw) if args.raw else artifact("raw"))
+    print(json.dumps(report, indent=2, sort_keys=True))
+    return 0
+
+
+def cmd_coverage(args: argparse.Namespace) -> int:
+    import json
+
+    from assets.concepts import write_coverage
+
+    print(json.dumps(write_coverage(Path(args.input), Path(args.out), _cfg(args.overrides).data.concepts), indent=2, sort_keys=True, default=str))
+    return 0
+
+
+def cmd_mixes(args: argparse.Namespace) -> int:
+    import json
+
+    from assets.mixes import write_mixes
+
+    print(json.dumps(write_mixes(Path(args.input), Path(args.out), _cfg(args.overrides).data.mixes, args.weights), indent=2, sort_keys=True, default=str))
+    return 0
+
+
+def cmd_dvc(args: argparse.Namespace) -> int:
+    from kiln.dvcgen import write_dvc_files
+
+    stale = write_dvc_files(check=args.check, overrides=args.overrides)
+    if args.check and stale:
+        print(f"kiln: {', '.join(stale)} differ from what the lineage generates: run `kiln dvc write`", file=sys.stderr)
+        return 1
+    print("dvc.yaml and params.yaml are the lineage's" if args.check else "wrote dvc.yaml and params.yaml")
+    return 0
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    from kiln.executors import execute
+
+    s = execute(args.name, args.input, args.output, _cfg(args.overrides))
     print(s.to_json(), end="")
     return 0
 
@@ -87,7 +127,32 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("overrides", nargs="*")
     d.set_defaults(fn=cmd_demo_data)
 
-    s = sub.add_parser("stage", help="run one data stage: Parquet in, kept + rejected Parquet out")
+    so = sub.add_parser("source", help="list the configured source (data.source): OUT/listing.parquet + OUT/source.json with its data version")
+    so.add_argument("--out", required=True)
+    so.add_argument("--raw", default=None, help="where `source: demo` writes the demo corpus (default: data/raw)")
+    so.add_argument("overrides", nargs="*")
+    so.set_defaults(fn=cmd_source)
+
+    cv = sub.add_parser("coverage", help="concept coverage of a captioned pool: counts, sampling weights, a plot")
+    cv.add_argument("--input", required=True, help="a rewrite stage output folder")
+    cv.add_argument("--out", required=True)
+    cv.add_argument("overrides", nargs="*")
+    cv.set_defaults(fn=cmd_coverage)
+
+    mx = sub.add_parser("mixes", help="pretraining, midtraining and SFT mixes as DuckDB queries over a pool")
+    mx.add_argument("--input", required=True, help="a rewrite stage output folder")
+    mx.add_argument("--out", required=True)
+    mx.add_argument("--weights", default=None, help="the coverage weights (OUT/weights.parquet of `kiln coverage`)")
+    mx.add_argument("overrides", nargs="*")
+    mx.set_defaults(fn=cmd_mixes)
+
+    dv = sub.add_parser("dvc", help="write dvc.yaml and params.yaml from the lineage (kiln/lineage.py) and the default config")
+    dv.add_argument("action", choices=["write"])
+    dv.add_argument("--check", action="store_true", help="write nothing; exit 1 when the committed files differ")
+    dv.add_argument("overrides", nargs="*", help="a profile and source for DVC, e.g. data=web data.source=s3://bucket/images/")
+    dv.set_defaults(fn=cmd_dvc)
+
+    s = sub.add_parser("stage", help="run one data stage: Parquet in, kept + rejected Parquet out (on cluster.executor)")
     s.add_argument("name")
     s.add_argument("--input", required=True)
     s.add_argument("--output", required=True)
@@ -136,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from assets.source import SourceError
     from kiln.config import ConfigError
     from kiln.progress import setup_logging
 
@@ -151,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except ConfigError as e:
+        print(f"kiln: {e}", file=sys.stderr)
+        return 2
+    except SourceError as e:
         print(f"kiln: {e}", file=sys.stderr)
         return 2
 

@@ -31,35 +31,40 @@ class IngestConfig(Strict):
 
 
 class FilterConfig(Strict):
-    min_side: int = Field(32, ge=1, description="reject if min(width, height) is below this")
+    min_side: int = Field(128, ge=1, description="reject if min(width, height) is below this (thumbnails; docs/real-data-defaults.md)")
     max_aspect: float = Field(3.0, ge=1.0, description="reject if max(w,h)/min(w,h) is above this")
-    max_pixels: int = Field(64_000_000, description="decompression-bomb guard: reject above this many pixels")
+    max_pixels: int = Field(64_000_000, ge=1, description="decompression-bomb guard: reject above this many pixels")
     decode_size: int = Field(256, ge=32, description="JPEGs are decoded reduced (DCT scaling) to about this side")
     stats_size: int = Field(128, ge=16, description="every statistic and hash is computed on a resize to this square")
     formats: list[str] = Field(
         default_factory=lambda: ["JPEG", "MPO", "PNG", "GIF", "WEBP", "TIFF", "BMP", "PPM", "TGA", "JPEG2000", "AVIF"],
         description="PIL format names the filter decodes; any other identified format is UNSUPPORTED_FORMAT",
     )
-    min_laplacian_var: float = Field(8.0, description="below: flat / blurred (on the stats_size square)")
-    max_laplacian_var: float = Field(12000.0, description="above: extreme texture or noise (on the stats_size square)")
-    min_entropy: float = Field(2.5, description="mean RGB channel-histogram entropy (bits) below which an image is flat")
-    max_white_ratio: float = Field(0.95, ge=0, le=1)
-    max_black_ratio: float = Field(0.95, ge=0, le=1)
-    max_border_share: float = Field(0.4, ge=0, le=1, description="share of the image taken by flat bands at its edges")
+    min_laplacian_var: float = Field(2.0, ge=0, description="below: flat (on the stats_size square); low on purpose: the report keeps blur (bokeh, soft focus)")
+    max_laplacian_var: float = Field(28000.0, ge=0, description="above: extreme texture or noise (on the stats_size square); dense text and texture photos stay below")
+    min_entropy: float = Field(0.3, ge=0, le=8, description="mean RGB channel-histogram entropy (bits) below which an image is flat; text on a flat background measures from ~0.5")
+    max_white_ratio: float = Field(0.98, ge=0, le=1, description="share of near-white pixels above which an image is blank (documents and posters reach 0.95)")
+    max_black_ratio: float = Field(0.98, ge=0, le=1, description="share of near-black pixels above which an image is blank")
+    max_border_share: float = Field(0.9, ge=0, le=1, description="share of the image taken by flat bands at its edges; quote cards and signs reach 0.83")
 
 
 class DedupConfig(Strict):
     phash_radius: int = Field(12, ge=0, le=144, description="max Hamming distance between 12x12 pHashes")
-    color_radius: int = Field(4, ge=0, description="max Hamming distance between colour hashes (L1 of cube-root shares)")
+    color_radius: int = Field(6, ge=0, le=64, description="max Hamming distance between colour hashes (L1 of cube-root shares)")
     bands: int = Field(
         7, ge=1, le=144,
         description="pHash bands; each band is probed within phash_radius // bands flips, which the pigeonhole "
         "principle makes exact (recall 1.0); 7 bands of ~21 bits suit radius 12 (see docs/curation.md)",
     )
+    mirror: bool = Field(True, description="also match left-right mirrored copies (the mirrored pHash is a bit mask away; the trainer never flips)")
 
 
 class CaptionConfig(Strict):
-    captioner: Literal["scene_metadata", "vlm"] = "scene_metadata"
+    captioner: Literal["vlm", "source", "scene_metadata"] = Field(
+        "vlm",
+        description="vlm: a VLM by path; source: the caption the source carried (alt text, a WebDataset .txt, "
+        "a Parquet list's caption column); scene_metadata: the demo's ground truth (an offline stand-in)",
+    )
     truth: str = Field("data/raw/truth.parquet", description="ground-truth sidecar the scene-metadata captioner reads")
     vlm_path: str | None = Field(None, description="image-text-to-text model + processor folder (captioner=vlm)")
     prompt: str = Field(
@@ -79,13 +84,17 @@ class OCRConfig(Strict):
     min_confidence: float = Field(0.9, ge=0, le=1, description="OCR lines below this confidence are dropped")
     min_line_chars: int = Field(2, ge=1, description="lines with fewer letters / digits are dropped (a lone 'O' is usually a circle)")
     tesseract_upscale: int = Field(3, ge=1, description="tesseract reads small glyphs badly: upscale by this first")
+    gate_side: int = Field(
+        256, ge=0, le=4096,
+        description="OCR only images a cheap text detector fires on (RapidOCR's detector at this longer side, ~20 ms); 0 = OCR every image",
+    )
     # the text filter of a low-resolution training stage
     filter_resolution: int = Field(256, ge=8, description="square side (pixel area) of the stage the text filter judges for")
     min_text_height: float = Field(6.0, ge=0, description="px: text lines shorter than this at filter_resolution are illegible")
 
 
 class RewriteConfig(Strict):
-    rewriter: Literal["rules", "llm"] = "rules"
+    rewriter: Literal["llm", "rules"] = "llm"
     llm_path: str | None = Field(None, description="causal LM + tokenizer folder (rewriter=llm)")
     batch_size: int = Field(8, ge=1)
     max_new_tokens: int = Field(48, ge=1)
@@ -130,17 +139,27 @@ class ConceptConfig(Strict):
 
 
 class PackConfig(Strict):
-    resolution: int = Field(32, ge=8, description="side of the square bucket; other buckets keep its pixel area")
-    aspect_buckets: list[float] = Field(default_factory=lambda: [0.5, 0.75, 1.0, 1.333, 2.0])
-    batch_size: int = Field(32, ge=1, description="rows per packed batch; every batch shares one bucket")
-    seed: int = 0
+    resolution: int = Field(256, ge=8, le=8192, description="side of the square bucket (the first ladder rung); other buckets keep its pixel area")
+    aspect_buckets: list[float] = Field(default_factory=lambda: [0.5, 0.75, 1.0, 1.333, 2.0], min_length=1, description="width / height of each bucket, each in [1/16, 16]")
+    batch_size: int = Field(32, ge=1, le=65536, description="rows per packed batch; every batch shares one bucket")
+    seed: int = Field(0, ge=0, le=2**63 - 1)
     mix_file: str | None = Field(None, description="a mix (assets.mixes output Parquet with an `id` column): rows not in it are rejected not_in_mix")
+    weights_file: str | None = Field(
+        None, description="concept coverage weights (assets.concepts OUT/weights.parquet: id, sampling_weight); None = every row weight 1, a row it does not name weight 1"
+    )
+
+    @model_validator(mode="after")
+    def _aspects_in_range(self) -> PackConfig:
+        bad = [a for a in self.aspect_buckets if not 1 / 16 <= a <= 16]
+        if bad:
+            raise ValueError(f"aspect_buckets {bad} outside [1/16, 16]")
+        return self
 
 
 class EmbedConfig(Strict):
     """Which embedder turns each kept image into a vector (assets.embed)."""
 
-    embedder: Literal["classical", "hf"] = Field("classical", description="classical: offline colour/texture/shape descriptor; hf: a vision model by path")
+    embedder: Literal["hf", "classical"] = Field("hf", description="classical: offline colour/texture/shape descriptor; hf: a vision model by path")
     path: str | None = Field(None, description="HF model folder (SigLIP / CLIP / DINOv2 classes) when embedder=hf")
     batch_size: int = Field(32, ge=1)
     device: str = Field("cpu", description="cpu or cuda[:n]")
@@ -222,7 +241,24 @@ class ClusteringConfig(Strict):
     semdedup_threshold: float = Field(0.97, gt=0, le=1, description="cosine at or above which two rows of one leaf cluster are duplicates")
 
 
+# The offline stand-ins a profile may use in place of a model; each must be named in `data.stand_ins`.
+STAND_INS = {
+    "scene_metadata_captioner": "captions looked up in the demo corpus's ground truth",
+    "classical_embedder": "a colour / texture / shape descriptor, not a learned image model",
+    "rules_labeller": "pseudo-labels from rules over measured columns, not a VLM",
+    "rules_rewriter": "caption forms rewritten by rules, not an LLM",
+}
+
+
 class DataConfig(Strict):
+    source: str | list[str] | None = Field(
+        None,
+        description="the images to curate: `demo` (the procedural corpus), or uris of folders, object-store prefixes "
+        "(s3:// gs:// https:// file://), globs, WebDataset .tar shards, .txt or .parquet lists (assets.source)",
+    )
+    stand_ins: list[Literal["scene_metadata_captioner", "classical_embedder", "rules_labeller", "rules_rewriter"]] = Field(
+        default_factory=list, description="offline stand-ins this profile uses in place of models, named on purpose (kiln.config.STAND_INS)"
+    )
     demo: DemoConfig = DemoConfig()
     ingest: IngestConfig = IngestConfig()
     filters: FilterConfig = FilterConfig()
@@ -361,7 +397,10 @@ class ClusterConfig(Strict):
 
     name: str = "local"
     kind: Literal["local", "slurm"] = "local"
-    workers: int = Field(2, ge=1, description="local process pool size for data stages")
+    executor: Literal["auto", "inprocess", "pool", "queue", "slurm_array"] = Field(
+        "auto", description="where data stages run (kiln.executors); auto: a process pool locally, Slurm arrays on kind=slurm"
+    )
+    workers: int = Field(2, ge=1, le=4096, description="local process pool size for data stages (and queue workers)")
     # training jobs: one task per GPU (or `tasks_per_node` tasks per node on CPU-only profiles)
     partition: str | None = Field(None, description="Slurm partition of training jobs; None = the cluster default")
     nodes: int = Field(1, ge=1)
@@ -437,8 +476,9 @@ def _hydra_compose(overrides: list[str]):
 
 def _add_missing_keys(overrides: list[str]) -> list[str]:
     """`train.parallel.tp=2` where the YAML never wrote `train.parallel` is still a key of the config (a
-    pydantic default): Hydra only overrides keys it has, so such overrides become appends (`+key=value`).
-    A key that is not in the schema either is appended too, and validation then names it as unknown."""
+    pydantic default): Hydra only overrides keys it has, so such overrides become add-or-override
+    (`++key=value`, which a second override of the same key may follow). A key that is not in the schema
+    either is added too, and validation then names it as unknown."""
     from omegaconf import OmegaConf
 
     groups = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in GROUPS]
@@ -448,7 +488,7 @@ def _add_missing_keys(overrides: list[str]) -> list[str]:
     for o in overrides:
         key = o.split("=", 1)[0]
         if "=" in o and not key.startswith(("+", "~")) and key not in GROUPS and OmegaConf.select(base, key, default=missing) is missing:
-            o = "+" + o
+            o = "++" + o
         out.append(o)
     return out
 
@@ -481,6 +521,8 @@ def _source_of(loc: tuple[Any, ...], choices: dict[str, str], overrides: list[st
     dotted = ".".join(str(p) for p in loc)
     for o in overrides:
         key = o.split("=", 1)[0].lstrip("+~")
+        if key in GROUPS:  # `data=web` picks a file; the file is where the key came from
+            continue
         if dotted == key or dotted.startswith(key + ".") or key.startswith(dotted + "."):
             return f"override '{o}'"
     group = str(loc[0]) if loc else ""
@@ -489,18 +531,65 @@ def _source_of(loc: tuple[Any, ...], choices: dict[str, str], overrides: list[st
     return str(conf_dir() / "config.yaml")
 
 
+def _missing_path(path: str | None) -> str | None:
+    """Why a model path cannot be used, or None: unset, or a local folder that is not there."""
+    if not path:
+        return "is not set"
+    if "://" not in path and not Path(path).exists():
+        return f"{path} does not exist"
+    return None
+
+
+def _stand_in(key: str, choice: str, stand_in: str, real: str, used: list[str]) -> tuple[str, str] | None:
+    if stand_in in used:
+        return None
+    return key, f"{choice} is an offline stand-in ({STAND_INS[stand_in]}); use {real}, or name it in data.stand_ins: [{stand_in}]"
+
+
+def model_problems(data: DataConfig) -> list[tuple[str, str]]:
+    """(key, problem) for each model stage whose model is missing, or that uses a stand-in not named as one.
+
+    Checked when a config is loaded, so a real profile fails before any work rather than hours into a run."""
+    used, out = data.stand_ins, []
+    if data.source is None or data.source == []:
+        out.append(("data.source", "no source set: `demo`, or uris of folders, prefixes (s3:// gs:// https:// file://), .tar shards, .txt or .parquet lists"))
+    cap = data.caption
+    if cap.captioner == "scene_metadata":
+        out.append(_stand_in("data.caption.captioner", "scene_metadata", "scene_metadata_captioner", "captioner=vlm with data.caption.vlm_path, or captioner=source", used))
+    elif cap.captioner == "vlm" and (why := _missing_path(cap.vlm_path)):
+        out.append(("data.caption.vlm_path", f"the VLM captioner's model folder {why}"))
+    if data.embed.embedder == "classical":
+        out.append(_stand_in("data.embed.embedder", "classical", "classical_embedder", "embedder=hf with data.embed.path (a SigLIP-2 / DINOv3 class folder)", used))
+    elif why := _missing_path(data.embed.path):
+        out.append(("data.embed.path", f"the embedder's model folder {why}"))
+    if data.rewrite.rewriter == "rules":
+        out.append(_stand_in("data.rewrite.rewriter", "rules", "rules_rewriter", "rewriter=llm with data.rewrite.llm_path", used))
+    elif why := _missing_path(data.rewrite.llm_path):
+        out.append(("data.rewrite.llm_path", f"the LLM rewriter's model folder {why}"))
+    for i, head in enumerate(data.classify.heads):
+        if head.labeller == "rules":
+            out.append(_stand_in(f"data.classify.heads.{i}.labeller", f"rules (head {head.name})", "rules_labeller", "labeller=vlm with a vlm.vlm_path", used))
+        elif head.vlm is not None and (why := _missing_path(head.vlm.vlm_path)):
+            out.append((f"data.classify.heads.{i}.vlm.vlm_path", f"head {head.name}'s VLM folder {why}"))
+    if data.clustering.namer == "vlm" and (why := _missing_path(data.clustering.namer_vlm_path)):
+        out.append(("data.clustering.namer_vlm_path", f"the cluster namer's VLM folder {why}"))
+    return [p for p in out if p is not None]
+
+
 def validate(raw: dict[str, Any], choices: dict[str, str] | None = None, overrides: list[str] | None = None) -> KilnConfig:
+    def line(loc: tuple, what: str) -> str:
+        return f"  {'.'.join(str(p) for p in loc)}: {what} (from {_source_of(loc, choices or {}, overrides or [])})"
+
     try:
-        return KilnConfig.model_validate(raw)
+        cfg = KilnConfig.model_validate(raw)
     except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            loc = tuple(err["loc"])
-            key = ".".join(str(p) for p in loc)
-            src = _source_of(loc, choices or {}, overrides or [])
-            what = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-            lines.append(f"  {key}: {what} (from {src})")
+        lines = [line(tuple(err["loc"]), "unknown key" if err["type"] == "extra_forbidden" else err["msg"]) for err in e.errors()]
         raise ConfigError("invalid kiln config:\n" + "\n".join(lines)) from None
+    if problems := model_problems(cfg.data):
+        profile = (choices or {}).get("data", "?")
+        lines = [line(tuple(key.split(".")), what) for key, what in problems]
+        raise ConfigError(f"the data profile `{profile}` cannot run:\n" + "\n".join(lines))
+    return cfg
 
 
 def load_config(overrides: list[str] | None = None) -> KilnConfig:

@@ -17,3 +17,9 @@ def data_dir() -> Path:
 def artifact(name: str) -> Path:
     """The folder of one named artifact (e.g. `manifest`, `filtered`, `checkpoint`)."""
     return data_dir() / name
+
+
+def repo_file(path: str | Path) -> Path:
+    """A file a config names: as given when it exists there, else relative to the repo (conf/data/... from any cwd)."""
+    p = Path(path)
+    return p if p.exists() or p.is_absolute() else REPO_ROOT / p

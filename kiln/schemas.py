@@ -70,6 +70,12 @@ class ManifestRow(BaseModel):
     mode: str
     exif_orientation: Annotated[int, Arrow(pa.int8())]  # 1 = upright; 0 = no EXIF tag
     n_frames: I32
+    # what the source said about the file (assets.source): an existing caption (alt text, a WebDataset
+    # .txt, a Parquet list's caption column), a licence, a source name, and any other column as JSON
+    source_caption: str | None = None
+    license: str | None = None
+    source_name: str | None = None
+    source_meta: str | None = None
 
 
 class StatsRow(BaseModel):
@@ -175,10 +181,13 @@ class MixRow(BaseModel):
 
 
 class TrainRow(BaseModel):
-    """One packed training example: pixels at its bucket's size, in pre-shuffled batch order."""
+    """One packed training example: pixels at its bucket's size, in pre-shuffled batch order, with every
+    caption form the loader may draw from and the weight it samples the row by."""
 
     id: str
-    caption: str
+    caption: str  # the long caption (evaluation and sampling read it)
+    caption_forms: str  # JSON object form -> text, keys from short, medium, long, tags, json; sorted keys
+    sampling_weight: float  # expected appearances per epoch (assets.concepts weights; 1 without them)
     bucket: str  # "HxW"
     height: I32
     width: I32

@@ -59,7 +59,17 @@ class StageOutput:
 
 
 @dataclass(frozen=True)
+class StageResources:
+    """What one worker of a stage needs; a Slurm array task asks for at least this."""
+
+    cpus: int = 1
+    gpus: int = 0
+
+
+@dataclass(frozen=True)
 class Stage:
+    """One row of the stage registry (STAGE_MODULES -> each module's `STAGE`): every executor runs it the same way."""
+
     name: str
     fn: Callable[[pa.Table, KilnConfig], StageOutput]
     input_schema: pa.Schema
@@ -67,7 +77,11 @@ class Stage:
     scope: Literal["shard", "global"] = "shard"  # global: one call over all rows (dedup, pack)
     id_column: str = "id"
     # Stages that read files rather than Parquet (ingest): input path -> (id, uri) table, sharded by `run_stage`.
-    list_inputs: Callable[[Path], pa.Table] | None = None
+    list_inputs: Callable[[str], pa.Table] | None = None
+    resources: StageResources = StageResources()
+    # Loads what the stage's shards share (a model) once per worker, before the first shard; it must be
+    # idempotent (the stage's own loaders are cached per process).
+    setup: Callable[[KilnConfig], object] | None = None
 
 
 class Rejects:
@@ -165,13 +179,27 @@ class Summary:
         return cls(**json.loads((folder / "summary.json").read_text()))
 
 
-def _apply(stage_name: str, shard: pa.Table, cfg: KilnConfig) -> StageOutput:
+def apply_stage(stage: Stage, rows: pa.Table, cfg: KilnConfig) -> StageOutput:
+    """The stage call with its contract checked, the one place it is: schemas in and out, every row out once.
+
+    Every executor calls this: in-process, the process pool, Slurm array tasks and the queue workers."""
+    rows = check_schema(rows, stage.input_schema, f"{stage.name} input")
+    out = stage.fn(rows, cfg)
+    check_accounting(stage.name, rows, out, stage.id_column)
+    kept = check_schema(out.kept, stage.output_schema, f"{stage.name} output")
+    return StageOutput(kept, check_schema(out.rejected, REJECTED, f"{stage.name} rejects"))
+
+
+def prepare_worker(stage_name: str, cfg: KilnConfig) -> None:
+    """A worker's start: the stage's setup hook, once (a pool's initializer, an array task, a queue worker)."""
     st = get_stage(stage_name)
-    shard = check_schema(shard, st.input_schema, f"{stage_name} input")
-    out = st.fn(shard, cfg)
-    check_accounting(stage_name, shard, out, st.id_column)
-    kept = check_schema(out.kept, st.output_schema, f"{stage_name} output")
-    return StageOutput(kept, check_schema(out.rejected, REJECTED, f"{stage_name} rejects"))
+    if st.setup is not None:
+        st.setup(cfg)
+
+
+def _apply(stage_name: str, shard: pa.Table, cfg: KilnConfig) -> StageOutput:
+    """`apply_stage` by stage name: what a worker process or an array task is handed (a name pickles cheaply)."""
+    return apply_stage(get_stage(stage_name), shard, cfg)
 
 
 def run_on_tables(stage: Stage, shards: list[pa.Table], cfg: KilnConfig, workers: int = 1) -> list[StageOutput]:
@@ -180,9 +208,10 @@ def run_on_tables(stage: Stage, shards: list[pa.Table], cfg: KilnConfig, workers
         whole = pa.concat_tables(shards) if shards else stage.input_schema.empty_table()
         return [_apply(stage.name, whole, cfg)]
     if workers > 1 and len(shards) > 1:
-        with ProcessPoolExecutor(workers) as pool:
+        with ProcessPoolExecutor(workers, initializer=prepare_worker, initargs=(stage.name, cfg)) as pool:
             futs = [pool.submit(_apply, stage.name, s, cfg) for s in shards]
             return [f.result() for f in progress(futs, desc=stage.name, unit="shard")]
+    prepare_worker(stage.name, cfg)
     return [_apply(stage.name, s, cfg) for s in progress(shards, desc=stage.name, unit="shard")]
 
 
@@ -195,18 +224,19 @@ def input_shard_paths(stage: Stage, input_path: Path) -> list[Path]:
     return paths
 
 
-def input_shards(stage: Stage, input_path: Path, cfg: KilnConfig) -> list[pa.Table]:
-    if stage.list_inputs is not None:
-        return split_rows(stage.list_inputs(input_path), cfg.data.ingest.shard_size)
-    return [pq.read_table(p) for p in input_shard_paths(stage, input_path)]
+def input_shards(stage: Stage, input_path: Path | str, cfg: KilnConfig) -> list[pa.Table]:
+    if stage.list_inputs is not None:  # a uri stays as given: `s3://b/x` is no local Path
+        return split_rows(stage.list_inputs(str(input_path)), cfg.data.ingest.shard_size)
+    return [pq.read_table(p) for p in input_shard_paths(stage, Path(input_path))]
 
 
-def run_stage(name: str, input_path: Path | str, output: Path | str, cfg: KilnConfig) -> Summary:
-    """Run one stage from folder to folder; the output folder is replaced atomically."""
+def run_stage(name: str, input_path: Path | str, output: Path | str, cfg: KilnConfig, workers: int | None = None) -> Summary:
+    """Run one stage from folder to folder in this process (or a pool of `workers`, default `cluster.workers`);
+    the output folder is replaced atomically. kiln.executors.execute picks this or another executor."""
     stage = get_stage(name)
-    input_path, output = Path(input_path), Path(output)
     shards = input_shards(stage, input_path, cfg)
-    outs = run_on_tables(stage, shards, cfg, workers=cfg.cluster.workers)
+    output = Path(output)
+    outs = run_on_tables(stage, shards, cfg, workers=cfg.cluster.workers if workers is None else workers)
     return write_stage_output(stage, sum(s.num_rows for s in shards), outs, output, cfg)
 
 

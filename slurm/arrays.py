@@ -19,7 +19,19 @@ import pyarrow.parquet as pq
 
 from kiln.config import KilnConfig
 from kiln.progress import log as kiln_log
-from kiln.stage import Stage, StageOutput, Summary, _apply, get_stage, input_shard_paths, input_shards, run_stage, write_stage_output, write_table
+from kiln.stage import (
+    Stage,
+    StageOutput,
+    Summary,
+    _apply,
+    get_stage,
+    input_shard_paths,
+    input_shards,
+    prepare_worker,
+    run_stage,
+    write_stage_output,
+    write_table,
+)
 from slurm.jobs import Log, report, wait_for
 from slurm.launcher import executor_for
 
@@ -40,6 +52,7 @@ def _read_ipc(path: Path) -> pa.Table:
 def run_shard(stage_name: str, shard: str, part: str, cfg: KilnConfig) -> int:
     """One array task: stage(shard) -> `<part>.kept.arrow` + `<part>.rejected.arrow`; returns rows in."""
     table = pq.read_table(shard)
+    prepare_worker(stage_name, cfg)
     out = _apply(stage_name, table, cfg)
     _write_ipc(out.kept, Path(part + ".kept.arrow"))
     _write_ipc(out.rejected, Path(part + ".rejected.arrow"))
@@ -52,7 +65,7 @@ def run_whole_stage(stage_name: str, input_path: str, output: str, cfg: KilnConf
 
 
 # ------------------------------------------------------------------------------------ on the driver
-def shard_sources(stage: Stage, input_path: Path, cfg: KilnConfig, work: Path) -> list[Path]:
+def shard_sources(stage: Stage, input_path: Path | str, cfg: KilnConfig, work: Path) -> list[Path]:
     """The Parquet file each array task reads: the input's shards, or (ingest) the file listing, split."""
     if stage.list_inputs is not None:
         sources = []
@@ -60,7 +73,7 @@ def shard_sources(stage: Stage, input_path: Path, cfg: KilnConfig, work: Path) -
             sources.append(work / "inputs" / f"part-{i:05d}.parquet")
             write_table(t, sources[-1])
         return sources
-    return [p.resolve() for p in input_shard_paths(stage, input_path)]
+    return [p.resolve() for p in input_shard_paths(stage, Path(input_path))]
 
 
 def _wait(jobs: list, cfg: KilnConfig, log: Log) -> list:
@@ -83,8 +96,10 @@ def run_stage_array(
     if cfg.cluster.kind == "local":  # the embedded tier: in this process (and its pool)
         return run_stage(stage_name, input_dir, output_dir, cfg)
     stage = get_stage(stage_name)
+    if stage.resources.cpus > cfg.cluster.array_cpus_per_task:  # the stage's own floor (kiln.stage.StageResources)
+        cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"array_cpus_per_task": stage.resources.cpus})})
     # the input stays as given: ingest keeps relative uris relative, and tasks share the submit directory
-    input_dir, output_dir = Path(input_dir), Path(output_dir).resolve()
+    output_dir = Path(output_dir).resolve()
     executor = executor_for(cfg, "array", stage_name)
     executor.update_parameters(slurm_array_parallelism=max_parallel or cfg.cluster.max_array_parallel)
     if stage.scope == "global":

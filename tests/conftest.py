@@ -120,3 +120,70 @@ def demo_embedded(tmp_path_factory):
         return [f"data.caption.truth={root / 'raw' / 'truth.parquet'}", f"data.clustering.review_db={root / 'review.duckdb'}"], root
     root.mkdir()
     return build_demo(root)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_moto(env: dict[str, str] | None = None):
+    """A moto S3-compatible server on a free 127.0.0.1 port: (process, endpoint url), once it answers."""
+    import shutil
+    import sys
+    import time
+    import urllib.request
+
+    port = _free_port()
+    exe = shutil.which("moto_server") or str(REPO_ROOT / ".venv" / "bin" / "moto_server")
+    if not os.path.exists(exe):
+        exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(150):
+        try:
+            urllib.request.urlopen(url + "/moto-api/", timeout=1)
+            return proc, url
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"moto_server did not answer on {url}")
+
+
+def use_s3_endpoint(url: str) -> None:
+    """Point every S3 client of this process at `url` (the standard variables), with fresh s3fs instances."""
+    import s3fs
+
+    from kiln.uri import _remote_tar_index
+
+    os.environ.update({"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"})
+    s3fs.S3FileSystem.clear_instance_cache()
+    _remote_tar_index.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A local S3-compatible server (moto's server mode) for the whole session; its endpoint url."""
+    proc, url = start_moto()
+    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    use_s3_endpoint(url)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture
+def s3(s3_server):
+    """A boto3 client of the local server, with this process's S3 readers pointed at it."""
+    import boto3
+
+    use_s3_endpoint(s3_server)
+    return boto3.client("s3", endpoint_url=s3_server)

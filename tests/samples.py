@@ -98,3 +98,25 @@ def build_demo(root, n=160):
     for stage, src, dst in (("ingest", "raw", "manifest"), ("filter", "manifest", "filtered"), ("dedup", "filtered", "deduped"), ("embed", "deduped", "embedded")):
         run_stage(stage, root / src, root / dst, cfg)
     return overrides, root
+
+
+def real_photos() -> dict[str, Image.Image]:
+    """Real photographs that ship inside scikit-image (no download), as RGB."""
+    import skimage.data as d
+
+    names = ["astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "hubble_deep_field", "camera", "coins"]
+    return {n: Image.fromarray(getattr(d, n)()).convert("RGB") for n in names}
+
+
+def webdataset_tar(samples: dict[str, dict[str, bytes]]) -> bytes:
+    """A WebDataset shard: for each key, its members (`key.jpg`, `key.txt`, `key.json`) in order."""
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for key, members in samples.items():
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size, info.mtime = len(data), 946_684_800
+                tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()

@@ -64,3 +64,48 @@ def test_cli_config_show_prints_the_composed_config():
 def test_cli_config_show_fails_with_exit_2_on_a_bad_key():
     r = subprocess.run([sys.executable, "-m", "kiln.cli", "config", "show", "+train.nope=1"], capture_output=True, text=True)
     assert r.returncode == 2 and "train.nope: unknown key" in r.stderr
+
+
+def test_a_key_the_profile_does_not_write_can_be_overridden_twice_and_the_last_wins():
+    cfg = load_config(["data.clustering.review_db=/a.duckdb", "data.clustering.review_db=/b.duckdb"])
+    assert cfg.data.clustering.review_db == "/b.duckdb"
+
+
+# ------------------------------------------------------------------------------------------ profiles
+def test_the_real_data_profile_holds_no_threshold_and_its_defaults_are_the_schemas():
+    import yaml
+
+    from kiln.paths import CONF_DIR
+
+    assert set(yaml.safe_load((CONF_DIR / "data" / "web.yaml").read_text())) == {"source"}
+    web = load_config(["data=web", "data.source=/imgs", "data.caption.captioner=source", "data.embed.embedder=classical", "data.rewrite.rewriter=rules", "data.stand_ins=[classical_embedder,rules_rewriter]"])
+    assert web.data.filters == KilnConfig().data.filters and web.data.dedup == KilnConfig().data.dedup
+
+
+def test_a_real_profile_without_its_models_fails_at_load_naming_each_key_and_the_profile():
+    with pytest.raises(ConfigError) as e:
+        load_config(["data=web", "data.source=s3://bucket/images/"])
+    msg = str(e.value)
+    assert "the data profile `web` cannot run" in msg and "conf/data/web.yaml" in msg
+    for key in ("data.caption.vlm_path", "data.embed.path", "data.rewrite.llm_path"):
+        assert f"{key}: " in msg and "is not set" in msg
+    assert "data.source" not in msg
+
+
+def test_a_model_folder_that_is_not_there_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"data\.embed\.path: the embedder's model folder .*/nowhere does not exist \(from override"):
+        load_config(["data=web", "data.source=/imgs", f"data.embed.path={tmp_path / 'nowhere'}"])
+
+
+def test_a_stand_in_must_be_named_as_one(tmp_path):
+    with pytest.raises(ConfigError, match=r"data\.embed\.embedder: classical is an offline stand-in .*data\.stand_ins: \[classical_embedder\]"):
+        load_config(["data.stand_ins=[scene_metadata_captioner,rules_labeller,rules_rewriter]"])
+    with pytest.raises(ConfigError, match=r"data\.source: no source set"):
+        load_config(["data=web", f"data.caption.vlm_path={tmp_path}", f"data.embed.path={tmp_path}", f"data.rewrite.llm_path={tmp_path}"])
+
+
+def test_the_demo_profile_names_its_stand_ins_and_runs():
+    cfg = load_config()
+    assert cfg.data.source == "demo"
+    assert set(cfg.data.stand_ins) == {"scene_metadata_captioner", "classical_embedder", "rules_labeller", "rules_rewriter"}
+    assert (cfg.data.caption.captioner, cfg.data.embed.embedder, cfg.data.rewrite.rewriter) == ("scene_metadata", "classical", "rules")

@@ -26,20 +26,21 @@ def test_every_data_asset_has_an_accounting_check_and_a_great_expectations_check
 
 @pytest.mark.integration
 def test_the_data_assets_materialize_with_passing_checks(tmp_path, monkeypatch):
-    from dagster_project.assets import all_assets
-    from dagster_project.checks import all_checks
+    from dagster_project.run import job_for
+    from kiln.lineage import MAIN_CHAIN, PACK, output_hash
 
     monkeypatch.chdir(tmp_path)
-    data_assets = [a for a in all_assets if a.key.to_user_string() in ARTIFACTS[:6]]
-    result = dg.materialize(
-        [*data_assets, *all_checks],
-        resources={"kiln": KilnResource(overrides=["data.demo.n=80"], data_dir=str(tmp_path / "data"))},
+    data_steps = [*MAIN_CHAIN, PACK]
+    result = job_for(["raw_images", *[s.key for s in data_steps], "coverage", "mixes"], everything=False).execute_in_process(
+        run_config={"resources": {"kiln": {"config": {"overrides": ["data.demo.n=80"], "data_dir": str(tmp_path / "data")}}}},
         instance=dg.DagsterInstance.ephemeral(),
     )
     assert result.success
     evaluations = result.get_asset_check_evaluations()
-    assert len(evaluations) == 10 and all(e.passed for e in evaluations)
-    md = result.asset_materializations_for_node("filtered")[0].metadata
+    assert len(evaluations) == 2 * len(data_steps) and all(e.passed for e in evaluations), [e.check_name for e in evaluations if not e.passed]
+    event = result.asset_materializations_for_node("filtered")[0]
+    assert event.tags["dagster/data_version"] == output_hash(tmp_path / "data" / "filtered")  # the hash dvc.lock records
+    md = event.metadata
     assert md["input_rows"].value == md["kept"].value + md["rejected"].value and md["rejected"].value > 0
     assert "data:image/png;base64," in md["kept_sample"].value
 

@@ -4,12 +4,12 @@ import io
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageOps
 from samples import scene
 
-from assets.dedup import dedup, groups_table, keepers, near_pairs
+from assets.dedup import dedup, find_groups, groups_table, keepers, near_pairs
 from assets.filters import filter_stage
-from assets.hashes import hamming_rows, to_words
+from assets.hashes import hamming_rows, mirror_phash, to_words
 from assets.ingest import ingest, list_inputs
 from kiln.config import load_config
 from kiln.schemas import FILTERED
@@ -41,6 +41,24 @@ def test_band_search_finds_every_planted_pair_like_brute_force(radius, bands):
     found = near_pairs(phash, color, radius, 0, bands)
     assert np.array_equal(found, brute_force(phash, color, radius, 0))
     assert len(found) >= 150 * (radius + 1) // (radius + 3)
+
+
+@pytest.mark.parametrize("radius,bands", [(16, 6), (12, 7), (5, 3)])
+def test_mirror_search_finds_every_pair_within_the_radius_of_the_hash_or_its_mirror(radius, bands):
+    rng = np.random.default_rng(100 + radius)
+    n = 1200
+    phash = rng.integers(0, 256, (n, 18), dtype=np.uint8)
+    color = np.zeros((n, 8), np.uint8)
+    for a in range(0, 300, 2):  # planted flipped copies at every distance up to radius + 2
+        phash[a + 1] = flip(mirror_phash(phash[a]), a // 2 % (radius + 3), rng)
+    pw, mw = to_words(phash, 18), to_words(mirror_phash(phash), 18)
+    i, j = np.triu_indices(n, 1)
+    d = np.minimum(hamming_rows(pw[i], pw[j]), hamming_rows(mw[i], pw[j]))
+    expected = np.stack([i[d <= radius], j[d <= radius]], 1)
+    found = near_pairs(phash, color, radius, 0, bands, mirror=True)
+    assert np.array_equal(found, expected)
+    assert len(found) >= 150 * (radius + 1) // (radius + 3)
+    assert np.array_equal(near_pairs(phash, color, radius, 0, bands), brute_force(phash, color, radius, 0))  # off: unchanged
 
 
 def test_keeper_is_largest_then_least_compressed_then_smallest_id():
@@ -98,6 +116,21 @@ def test_near_duplicates_found_colour_variants_kept(dup_folder, tmp_path):
     groups = groups_table(kept, rejected)
     assert groups.num_rows == 8  # four groups of two
     assert groups.column("role").to_pylist()[::2] == ["keeper"] * 4
+
+
+def test_mirror_groups_a_flipped_copy_with_its_original(dup_folder, tmp_path):
+    (dup_folder / "mirrored_2.jpg").write_bytes(jpeg(ImageOps.mirror(scene(22, 200)).resize((180, 180), Image.Resampling.LANCZOS)))
+    cfg = load_config()
+    filtered = filter_stage(ingest(list_inputs(dup_folder), cfg).kept, cfg).kept
+    names = [u.rsplit("/", 1)[1] for u in filtered.column("uri").to_pylist()]
+    m, o = names.index("mirrored_2.jpg"), names.index("orig2.jpg")
+    d = cfg.data.dedup
+    off = find_groups(filtered, d.phash_radius, d.color_radius, d.bands)
+    on = find_groups(filtered, d.phash_radius, d.color_radius, d.bands, mirror=True)
+    assert off.keeper[m] == m and off.distance[m] == 0  # the plain pHash does not see it
+    assert on.keeper[m] == o and on.distance[m] <= d.phash_radius  # the larger original stays; mirrored distance
+    kept_off = set(np.flatnonzero(off.keeper == np.arange(len(names))).tolist()) - {m}
+    assert kept_off == set(np.flatnonzero(on.keeper == np.arange(len(names))).tolist())  # nothing else changes
 
 
 def test_dedup_output_is_byte_identical_across_runs(dup_folder, tmp_path):

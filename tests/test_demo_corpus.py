@@ -38,7 +38,7 @@ def test_same_seed_gives_byte_identical_files_and_truth(tmp_path):
     write_demo_corpus(tmp_path / "b", n=120, seed=7)
     write_demo_corpus(tmp_path / "c", n=120, seed=8)
     a, b, c = (file_hashes(tmp_path / x) for x in "abc")
-    assert len(a) == 121  # 120 images + truth.parquet
+    assert len(a) == 122  # 120 images + truth.parquet + demo.json
     assert a == b
     assert a != c
 

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kiln.lineage import MAIN_CHAIN, output_hash
 from kiln.paths import REPO_ROOT
 
-DATA_STAGES = ["raw_images", "manifest", "filtered", "deduped", "captioned", "train_set"]
+DATA_STAGES = ["demo_corpus", "raw_images", *[s.key for s in MAIN_CHAIN], "coverage", "mixes", "train_set"]
 
 
 def _outs(lock: Path) -> dict[str, list[tuple[str, str]]]:
@@ -44,6 +45,9 @@ def test_dvc_repro_on_a_fresh_copy_reproduces_the_pinned_data_stages(tmp_path):
     assert set(first) == set(DATA_STAGES)
     if pinned is not None:
         assert first == pinned, "dvc repro on a fresh copy must give the md5s that dvc.lock pins"
+
+    for stage in ("manifest", "filtered", "train_set"):  # Dagster's data version of a step is the hash dvc.lock records
+        assert dict(first[stage])[f"data/{stage}"] == output_hash(repo / "data" / stage)
 
     shutil.rmtree(repo / "data")
     shutil.rmtree(repo / ".dvc" / "cache", ignore_errors=True)  # no cache to restore from: really recompute

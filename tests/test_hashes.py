@@ -3,11 +3,11 @@
 import io
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
+from samples import scene
 
 from assets.decode import decode_views, measure
-from assets.hashes import PHASH_BYTES, colorhash64, hamming, hamming_rows, phash12, to_words
-from samples import scene
+from assets.hashes import PHASH_BYTES, colorhash64, hamming, hamming_rows, mirror_phash, phash12, to_words
 
 
 def jpeg(im: Image.Image, quality: int = 90) -> bytes:
@@ -72,3 +72,15 @@ def test_large_jpegs_are_decoded_reduced():
     big = scene(4, size=1024)
     views = decode_views(jpeg(big), 0, decode_size=256, stats_size=128)
     assert views.stats.shape == (128, 128, 3) and views.hash.shape == (48, 48, 3)
+
+
+def test_mirror_phash_predicts_the_hash_of_a_flipped_copy():
+    for seed in range(6):
+        im = scene(seed, 200)
+        p0, c0 = hashes_of(jpeg(im, 95))
+        p_flip, c_flip = hashes_of(jpeg(ImageOps.mirror(im), 95))
+        assert hamming(p0, p_flip) > 36  # the plain pHash does not see the copy
+        assert hamming(mirror_phash(p0), p_flip) <= 10 and hamming(c0, c_flip) <= 2
+        assert mirror_phash(mirror_phash(p0)) == p0
+    rows = np.frombuffer(p0 + p_flip, np.uint8).reshape(2, PHASH_BYTES)
+    assert mirror_phash(rows)[1].tobytes() == mirror_phash(p_flip)  # rows of an array, as the dedup stage uses it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -14,28 +15,31 @@ from PIL import Image
 from assets.pack import Bucket, bucket_for, buckets_for, fit_to_bucket, nearest_bucket, pack_rows
 from kiln.config import load_config
 from kiln.reasons import Reason
-from kiln.schemas import CAPTIONED
+from kiln.sampling import FORMS
+from kiln.schemas import REWRITTEN
 from kiln.stage import read_dataset, run_stage, write_table
 
 # (width, height) of the test images: square, landscape, portrait, in between
 SIZES = [(96, 96)] * 9 + [(192, 96)] * 5 + [(96, 192)] * 4 + [(128, 96)] * 3 + [(90, 110)] * 2
 
 
-def captioned_table(paths: list[Path]) -> pa.Table:
-    """CAPTIONED rows for image files, with plausible values for the columns pack does not read."""
-    uris = [str(p) for p in paths]
-    ids = [hashlib.sha1(u.encode()).hexdigest()[:16] for u in uris]
-    n = len(uris)
-    cols = {
-        "id": ids, "uri": uris, "bytes": [p.stat().st_size for p in paths],
-        "md5": [hashlib.md5(p.read_bytes()).hexdigest() for p in paths], "format": ["PNG"] * n,
-        "width": [0] * n, "height": [0] * n, "mode": ["RGB"] * n, "exif_orientation": [1] * n, "n_frames": [1] * n,
-        "aspect": [1.0] * n, "laplacian_var": [300.0] * n, "entropy": [5.5] * n, "white_ratio": [0.0] * n,
-        "black_ratio": [0.0] * n, "border_share": [0.0] * n, "flat_share": [0.2] * n,
-        "phash": [bytes(18)] * n, "colorhash": [bytes(8)] * n, "dup_group": ids,
-        "caption": [f"picture {i}" for i in range(n)], "caption_source": ["test"] * n,
-    }  # fmt: skip
-    return pa.Table.from_pydict(cols, schema=CAPTIONED)
+def rewritten_table(paths: list[Path]) -> pa.Table:
+    """REWRITTEN rows for image files, with plausible values for the columns pack does not read."""
+    rows = []
+    for i, p in enumerate(paths):
+        id_ = hashlib.sha1(str(p).encode()).hexdigest()[:16]
+        rows.append({
+            "id": id_, "uri": str(p), "bytes": p.stat().st_size, "md5": hashlib.md5(p.read_bytes()).hexdigest(), "format": "PNG",
+            "width": 0, "height": 0, "mode": "RGB", "exif_orientation": 1, "n_frames": 1,
+            "aspect": 1.0, "laplacian_var": 300.0, "entropy": 5.5, "white_ratio": 0.0, "black_ratio": 0.0, "border_share": 0.0, "flat_share": 0.2,
+            "phash": bytes(18), "colorhash": bytes(8), "dup_group": id_,
+            "ocr_text": "", "ocr_boxes": "[]", "ocr_engine": "test", "contains_text": False,
+            "text_area_share": 0.0, "text_density": 0.0, "text_complexity": 0.0, "min_text_height": 0.0,
+            "caption": f"a picture number {i}, on a plain background", "caption_source": "test", "caption_decoding": "{}",
+            "caption_short": f"picture {i}", "caption_medium": f"a picture number {i}", "caption_long": f"a picture number {i}, on a plain background",
+            "caption_tags": f"picture, {i}", "caption_json": json.dumps({"subject": f"picture {i}"}), "rewrite_source": "test", "rewrite_decoding": "{}",
+        })  # fmt: skip
+    return pa.Table.from_pylist(rows, schema=REWRITTEN)  # source columns (nullable): none carried
 
 
 @pytest.fixture
@@ -80,10 +84,10 @@ def test_nearest_bucket_and_centre_crop():
 
 
 def test_pack_stage_accounts_for_every_row_and_batches_share_a_bucket(images, tmp_path):
-    write_table(captioned_table(images), tmp_path / "captioned" / "part-00000.parquet")
+    write_table(rewritten_table(images), tmp_path / "rewritten" / "part-00000.parquet")
     cfg = load_config(["data.pack.batch_size=4", "cluster.workers=1"])
 
-    summary = run_stage("pack", tmp_path / "captioned", tmp_path / "train", cfg)
+    summary = run_stage("pack", tmp_path / "rewritten", tmp_path / "train", cfg)
 
     assert (summary.input_rows, summary.kept, summary.rejected) == (len(images), len(SIZES), 1)
     assert summary.by_reason == {Reason.PACK_ERROR: 1}
@@ -109,10 +113,43 @@ def test_pack_stage_accounts_for_every_row_and_batches_share_a_bucket(images, tm
 
 def test_pack_is_deterministic_whatever_the_input_order(images):
     cfg = load_config(["data.pack.batch_size=4"])
-    table = captioned_table(images)
+    table = rewritten_table(images)
     first = pack_rows(table, cfg).kept
     again = pack_rows(table.take(pa.array(range(table.num_rows - 1, -1, -1))), cfg).kept
     assert first.equals(again)
     other_seed = pack_rows(table, load_config(["data.pack.batch_size=4", "data.pack.seed=1"])).kept
     assert other_seed.column("id").to_pylist() != first.column("id").to_pylist()
     assert sorted(other_seed.column("id").to_pylist()) == sorted(first.column("id").to_pylist())
+
+
+def test_every_packed_row_carries_all_caption_forms_and_the_long_caption(images):
+    table = rewritten_table(images)
+    kept = pack_rows(table, load_config(["data.pack.batch_size=4"])).kept
+    source = {r["id"]: r for r in table.to_pylist()}
+    for row in kept.to_pylist():
+        src = source[row["id"]]
+        assert row["caption_forms"] == json.dumps({f: src[f"caption_{f}"] for f in sorted(FORMS)}, ensure_ascii=False)  # sorted keys: fixed bytes
+        assert row["caption"] == src["caption"]
+        assert row["sampling_weight"] == 1.0  # no weights file: every row weight 1
+
+
+def test_weights_come_from_the_weights_file_by_id_and_a_row_it_misses_gets_one(images, tmp_path):
+    table = rewritten_table(images)
+    ids = sorted(table.column("id").to_pylist())
+    named = {ids[0]: 3.0, ids[1]: 0.0, ids[2]: 0.25, "not-in-the-pool": 9.0}
+    write_table(pa.table({"id": list(named), "concepts": ["[]"] * len(named), "sampling_weight": list(named.values())}), tmp_path / "weights.parquet")
+    cfg = load_config(["data.pack.batch_size=4", f"data.pack.weights_file={tmp_path / 'weights.parquet'}"])
+
+    kept = pack_rows(table, cfg).kept
+    got = dict(zip(kept.column("id").to_pylist(), kept.column("sampling_weight").to_pylist()))
+    assert {i: got[i] for i in ids[:3]} == {ids[0]: 3.0, ids[1]: 0.0, ids[2]: 0.25}  # weight 0 is kept: the loader never draws it
+    assert {got[i] for i in ids[3:] if i in got} == {1.0}
+
+
+def test_a_weights_file_that_names_none_of_the_rows_or_a_negative_weight_is_refused(images, tmp_path):
+    table = rewritten_table(images)
+    for name, weights in (("other_pool", {"x": 2.0}), ("negative", {table.column("id")[0].as_py(): -1.0})):
+        path = tmp_path / f"{name}.parquet"
+        write_table(pa.table({"id": list(weights), "sampling_weight": list(weights.values())}), path)
+        with pytest.raises(ValueError, match="names none|must be finite"):
+            pack_rows(table, load_config([f"data.pack.weights_file={path}"]))

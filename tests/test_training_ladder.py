@@ -31,9 +31,10 @@ CPU_MICRO = [
 
 @pytest.fixture(scope="module")
 def ladder(tmp_path_factory, text_encoder_dir):
-    """captioned demo rows and hand-written mixes under data/, then the whole ladder materialized."""
+    """rewritten demo rows, their coverage weights and hand-written mixes under data/, then the whole ladder materialized."""
     import os
 
+    from assets.concepts import write_coverage
     from assets.demo_corpus import write_demo_corpus
 
     root = tmp_path_factory.mktemp("ladder")
@@ -42,9 +43,12 @@ def ladder(tmp_path_factory, text_encoder_dir):
     try:
         write_demo_corpus(root / "data" / "raw", n=60, seed=0, size=96)
         cfg = load_config([])
-        for stage, src, dst in (("ingest", "raw/images", "manifest"), ("filter", "manifest", "filtered"), ("dedup", "filtered", "deduped"), ("caption", "deduped", "captioned")):
+        chain = [("ingest", "raw/images", "manifest"), ("filter", "manifest", "filtered"), ("dedup", "filtered", "deduped"), ("ocr", "deduped", "ocr"),
+                 ("text_filter", "ocr", "text_filtered"), ("caption_ocr", "text_filtered", "captioned"), ("rewrite", "captioned", "rewritten")]  # fmt: skip
+        for stage, src, dst in chain:
             run_stage(stage, root / "data" / src, root / "data" / dst, cfg)
-        ids = sorted(read_dataset(root / "data" / "captioned" / "kept").column("id").to_pylist())
+        write_coverage(root / "data" / "rewritten", root / "data" / "coverage", cfg.data.concepts)
+        ids = sorted(read_dataset(root / "data" / "rewritten" / "kept").column("id").to_pylist())
         mixes = {"pretrain": ids, "midtrain": ids[: len(ids) // 2], "sft": ids[:12]}
         for mix, chosen in mixes.items():
             (root / "data" / "mixes" / mix).mkdir(parents=True)

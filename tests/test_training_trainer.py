@@ -2,9 +2,11 @@
 it is deterministic, it resumes exactly, its checkpoints round-trip, and it records what a person watches.
 
 A micro DiT over a tiny random BERT (saved to tmp and loaded by path, as the product loads MiniLM),
-trained for 30 steps on demo scenes packed into two buckets.
+trained for 30 steps on demo scenes packed into two buckets, with sampling weights (so epochs are drawn,
+not read in pack order) and the configured caption form probabilities.
 """
 
+import itertools
 import json
 
 import pytest
@@ -15,6 +17,7 @@ from model.generator import Generator
 from model.testing import write_tiny_text_encoder
 from training.checkpoint import read_train_state
 from training.data import TrainSet
+from training.eval_protocol import dataset_version
 from training.evaluate import heldout_loss, heldout_rows
 from training.muon import make_optimizer
 from training.telemetry import SpikeDetector, read_metrics
@@ -22,13 +25,14 @@ from training.testing import scene_rows, tiny_config, write_pack_output
 from training.trainer import init_generator, setup_runtime, step_generator, train, train_step
 
 STEPS = 30
+WEIGHTS = [1.0, 2.0, 0.5, 0.0, 1.5] * 12  # mean 1, as the concept coverage makes them
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("trainer")
     te = write_tiny_text_encoder(root / "text_encoder")
-    data = write_pack_output(root / "pack", scene_rows(56, seed=1, buckets=((32, 32), (24, 40)), batch_size=8))
+    data = write_pack_output(root / "pack", scene_rows(56, seed=1, buckets=((32, 32), (24, 40)), batch_size=8, weights=WEIGHTS))
     return root, data, tiny_config(te, steps=STEPS)
 
 
@@ -39,7 +43,7 @@ def run_a(setup):
 
 
 def test_the_checkpoint_folder_holds_weights_state_and_telemetry(run_a):
-    for name in ("config.json", "model.safetensors", "train_state.json", "metrics.jsonl", "loss.png", "loss.csv", "spikes.json", "throughput.json"):
+    for name in ("config.json", "model.safetensors", "train_state.json", "train_data.json", "metrics.jsonl", "loss.png", "loss.csv", "spikes.json", "throughput.json"):
         assert (run_a / name).is_file(), name
     assert (run_a / "dcp" / f"step-{STEPS:06d}" / ".metadata").is_file()  # the resumable state
     state = read_train_state(run_a)
@@ -67,7 +71,7 @@ def test_same_data_and_config_give_the_same_loss_trajectory_and_bytes(setup, run
     root, data, cfg = setup
     run_b = train(data, root / "b", cfg)
     assert [r["loss"] for r in read_metrics(run_b / "metrics.jsonl")] == [r["loss"] for r in read_metrics(run_a / "metrics.jsonl")]
-    for name in ("model.safetensors", "train_state.json", "config.json", "loss.csv", "spikes.json"):
+    for name in ("model.safetensors", "train_state.json", "train_data.json", "config.json", "loss.csv", "spikes.json"):
         assert (run_b / name).read_bytes() == (run_a / name).read_bytes(), name
 
 
@@ -82,7 +86,9 @@ def test_a_stopped_run_resumed_from_its_checkpoint_ends_with_the_uninterrupted_w
     root, data, cfg = setup
     out = root / "resumed"
     train(data, out, cfg, stop_at=13)
+    stream = TrainSet.from_dir(data, cfg.train.batch_size, cfg.train.holdout, cfg.data.rewrite.form_probs).stream(cfg.train.seed)
     assert read_train_state(out).step == 13
+    assert read_train_state(out).position == next(itertools.islice(stream, 13, None)).position  # where the 14th batch is read, weighted epochs' ends included
     (out / "model.safetensors").unlink()  # only the DCP state is needed to resume
     train(data, out, cfg, resume=True)
     state = read_train_state(out)
@@ -90,6 +96,19 @@ def test_a_stopped_run_resumed_from_its_checkpoint_ends_with_the_uninterrupted_w
     a, b = load_file(str(run_a / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [r["loss"] for r in read_metrics(out / "metrics.jsonl")] == [r["loss"] for r in read_metrics(run_a / "metrics.jsonl")]
+    assert (out / "train_data.json").read_bytes() == (run_a / "train_data.json").read_bytes()  # forms counted over all 30 steps, not since the resume
+
+
+def test_the_checkpoint_records_the_data_it_was_trained_on(setup, run_a):
+    root, data, cfg = setup
+    record = json.loads((run_a / "train_data.json").read_text())
+    train_set = TrainSet.from_dir(data, cfg.train.batch_size, cfg.train.holdout, cfg.data.rewrite.form_probs)
+    samples = sum(b.size for b in itertools.islice(train_set.stream(cfg.train.seed), STEPS))
+    assert record["train_set_version"] == dataset_version(data)  # the version the evaluation's reference set names
+    assert record["mix"] is None and record["caption_form_probs"] == cfg.data.rewrite.form_probs
+    assert sum(record["caption_forms_drawn"].values()) == samples and record["caption_forms_drawn"]["long"] > record["caption_forms_drawn"]["json"]
+    weights = list(train_set.weights.values())
+    assert record["sampling_weight"] == {"min": 0.0, "mean": sum(weights) / len(weights), "max": 2.0} and record["weighted"]
 
 
 def test_the_exported_checkpoint_gives_the_trained_velocities(setup, tmp_path):

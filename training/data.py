@@ -1,14 +1,19 @@
 """Reading the pack stage's output as training batches.
 
-The pack stage already shuffled rows and grouped them into batches that share one aspect bucket;
-the loader keeps those batches intact (splitting one only when it is larger than the step's batch
-size) and only reshuffles the *order of batches* per epoch, seeded, so a position
-(epoch, batch index) names exactly which rows come next: that is what makes a resume exact.
+The pack stage already shuffled rows and grouped them into batches that share one aspect bucket.
+Without sampling weights (every weight 1) the loader keeps those batches intact (splitting one only when
+it is larger than the step's batch size) and only reshuffles the *order of batches* per epoch; with
+weights, each epoch draws every row about `sampling_weight` times and re-batches them per bucket. Both
+are pure functions of (seed, epoch), so a position (epoch, batch index) names exactly which rows come
+next: that is what makes a resume exact. Each sample's caption is one of the row's caption forms,
+drawn per epoch with `data.rewrite.form_probs` (kiln.sampling.pick_form).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
+import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kiln.sampling import check_form_probs, copies_in_epoch, pick_form
 from kiln.schemas import TRAIN, check_schema
 from kiln.stage import read_dataset
 
@@ -40,8 +46,8 @@ class DataPosition:
 class Batch:
     """One training step's rows: all of one bucket, pixels as uint8 NHWC."""
 
-    ids: tuple[str, ...]
-    captions: tuple[str, ...]
+    ids: tuple[str, ...]  # a weighted epoch may repeat a row
+    captions: tuple[str, ...]  # each row's caption form drawn for this epoch
     bucket: str
     pixels: np.ndarray  # uint8 [B, H, W, 3]
     position: DataPosition  # the position *before* this batch; resuming from it yields this batch again
@@ -83,15 +89,53 @@ def _check_one_bucket(table: pa.Table, batch_no: int) -> str:
 
 class TrainSet:
     """The packed batches of one training set, in memory (the demo and per-stage sets fit; a streaming
-    reader over shards would keep this interface)."""
+    reader over shards would keep this interface), with each row's caption forms and sampling weight.
 
-    def __init__(self, batches: list[Batch]):
+    `batches` are the pack's batches (split to `batch_size`), captioned with the long caption; what a
+    step trains on comes from `stream`, where each sample's caption is the form drawn for its epoch
+    (`form_probs`; None = the long caption) and, when any weight differs from 1, the rows of an epoch
+    are drawn by weight (`epoch_batches`)."""
+
+    def __init__(
+        self,
+        batches: list[Batch],
+        batch_size: int | None = None,
+        forms: dict[str, dict[str, str]] | None = None,
+        weights: dict[str, float] | None = None,
+        form_probs: dict[str, float] | None = None,
+    ):
         if not batches:
             raise ValueError("training set has no rows")
         self.batches = batches
+        self.batch_size = batch_size or max(b.size for b in batches)
+        self.form_probs = dict(form_probs) if form_probs is not None else None
+        self.forms = forms or {}
+        self._packed = {b.ids: b for b in batches}  # an epoch batch that is a packed batch reuses its pixels
+        self._where = {i: (k, j) for k, b in enumerate(batches) for j, i in enumerate(b.ids)}
+        self._long = {i: c for b in batches for i, c in zip(b.ids, b.captions)}
+        self.weights = {i: 1.0 for i in self._where} | {i: w for i, w in (weights or {}).items() if i in self._where}
+        self._plans: dict[tuple[int, int], list[tuple[str, ...]]] = {}
+        self._check_weights()
+        self._check_forms()
+
+    def _check_weights(self) -> None:
+        if any(not (w >= 0 and np.isfinite(w)) for w in self.weights.values()):
+            raise ValueError("sampling weights must be finite and >= 0")
+        if not any(w > 0 for w in self.weights.values()):
+            raise ValueError("no training row has a positive sampling weight")
+
+    def _check_forms(self) -> None:
+        """Every form the probabilities can draw exists on every row: a missing one fails here, not mid-run."""
+        if self.form_probs is None:
+            return
+        check_form_probs(self.form_probs)
+        for form in self.drawable_forms():
+            missing = [i for i in self._where if form not in self.forms.get(i, {})]
+            if missing:
+                raise ValueError(f"caption form {form!r} (probability {self.form_probs[form]}) is missing on {len(missing)} rows, e.g. {missing[0]}")
 
     @classmethod
-    def from_table(cls, table: pa.Table, max_batch_size: int, exclude_ids: set[str] | None = None) -> "TrainSet":
+    def from_table(cls, table: pa.Table, max_batch_size: int, exclude_ids: set[str] | None = None, form_probs: dict[str, float] | None = None) -> "TrainSet":
         if exclude_ids:
             table = table.filter(pc.invert(pc.is_in(table.column("id"), pa.array(sorted(exclude_ids)))))
         batches: list[Batch] = []
@@ -112,23 +156,45 @@ class TrainSet:
                         position=DataPosition(),
                     )
                 )
-        return cls(batches)
+        ids = table.column("id").to_pylist()
+        forms = {i: json.loads(f) for i, f in zip(ids, table.column("caption_forms").to_pylist())}
+        weights = dict(zip(ids, table.column("sampling_weight").to_pylist()))
+        return cls(batches, max_batch_size, forms, weights, form_probs)
 
     @classmethod
-    def from_dir(cls, data_dir: Path, max_batch_size: int, holdout: int = 0) -> "TrainSet":
+    def from_dir(cls, data_dir: Path, max_batch_size: int, holdout: int = 0, form_probs: dict[str, float] | None = None) -> "TrainSet":
         table = read_train_table(data_dir)
-        return cls.from_table(table, max_batch_size, holdout_ids(table.column("id").to_pylist(), holdout))
+        return cls.from_table(table, max_batch_size, holdout_ids(table.column("id").to_pylist(), holdout), form_probs)
 
     def __len__(self) -> int:
+        """Packed batches; an epoch of a weighted set may have more or fewer (`epoch_length`)."""
         return len(self.batches)
 
     @property
     def num_rows(self) -> int:
         return sum(b.size for b in self.batches)
 
+    @property
+    def weighted(self) -> bool:
+        """Whether any row's weight differs from 1: only then are an epoch's rows drawn rather than read in pack order."""
+        return any(w != 1.0 for w in self.weights.values())
+
+    def drawable_forms(self) -> list[str]:
+        return sorted(f for f, p in (self.form_probs or {}).items() if p > 0)
+
     def captions(self) -> list[str]:
-        """Unique captions, sorted: the text-embedding cache is built over these once."""
-        return sorted({c for b in self.batches for c in b.captions})
+        """Every caption text the stream can yield, unique and sorted: the text-embedding cache is built over these once."""
+        if self.form_probs is None:
+            return sorted(set(self._long.values()))
+        return sorted({self.forms[i][f] for i in self._where for f in self.drawable_forms()})
+
+    def caption_form(self, row_id: str, seed: int, epoch: int) -> str | None:
+        """The caption form this row trains on in `epoch`; None without form probabilities (the long caption)."""
+        return None if self.form_probs is None else pick_form(row_id, self.form_probs, seed, epoch)
+
+    def caption_text(self, row_id: str, seed: int, epoch: int) -> str:
+        form = self.caption_form(row_id, seed, epoch)
+        return self._long[row_id] if form is None else self.forms[row_id][form]
 
     def main_bucket(self) -> str:
         """The bucket most rows are in (ties broken by name): the resolution samples are drawn at."""
@@ -138,22 +204,77 @@ class TrainSet:
         return min(counts, key=lambda k: (-counts[k], k))
 
     def epoch_order(self, epoch: int, seed: int) -> list[int]:
-        """Batch order of one epoch: epoch 0 keeps the pack stage's pre-shuffled order, later epochs
-        are a permutation seeded by (seed, epoch)."""
+        """Packed-batch order of one unweighted epoch: epoch 0 keeps the pack stage's pre-shuffled order,
+        later epochs are a permutation seeded by (seed, epoch)."""
         if epoch == 0:
             return list(range(len(self.batches)))
         rng = np.random.default_rng([seed, epoch])
         return rng.permutation(len(self.batches)).tolist()
 
-    def stream(self, seed: int, start: DataPosition = DataPosition()) -> Iterator[Batch]:
-        """Endless batches from `start`; each carries the position it was read at."""
+    def epoch_batches(self, epoch: int, seed: int) -> list[tuple[str, ...]]:
+        """The row ids of each batch of one epoch, in order; a pure function of (seed, epoch).
+
+        Unweighted: the packed batches in `epoch_order`. Weighted: each row appears `copies_in_epoch`
+        times (floor(w), plus one with probability frac(w)), its copies shuffled within its bucket, cut
+        into batches of `batch_size`, and the batches shuffled, all seeded by (seed, epoch)."""
+        key = (seed, epoch)
+        if key not in self._plans:
+            if len(self._plans) >= 4:  # the stream moves forward: old epochs are not asked for again
+                self._plans.clear()
+            self._plans[key] = self._weighted_epoch(epoch, seed) if self.weighted else [self.batches[k].ids for k in self.epoch_order(epoch, seed)]
+        return self._plans[key]
+
+    def _weighted_epoch(self, epoch: int, seed: int) -> list[tuple[str, ...]]:
+        per_bucket: dict[str, list[str]] = {}
+        for b in self.batches:
+            for i in b.ids:
+                per_bucket.setdefault(b.bucket, []).extend([i] * copies_in_epoch(self.weights[i], i, seed, epoch))
+        rng = np.random.default_rng([seed, epoch])
+        batches: list[tuple[str, ...]] = []
+        for bucket in sorted(per_bucket):
+            rows = per_bucket[bucket]
+            shuffled = [rows[k] for k in rng.permutation(len(rows))]
+            batches += [tuple(shuffled[k : k + self.batch_size]) for k in range(0, len(shuffled), self.batch_size)]
+        return [batches[k] for k in rng.permutation(len(batches))]
+
+    def epoch_length(self, epoch: int, seed: int) -> int:
+        """Batches in one epoch: what `next_position` needs to know when an epoch ends."""
+        return len(self.epoch_batches(epoch, seed))
+
+    def planned(self, seed: int, start: DataPosition = DataPosition()) -> Iterator[tuple[DataPosition, tuple[str, ...]]]:
+        """Endless (position, row ids) from `start`, without pixels: the stream's plan."""
         epoch, index = start.epoch, start.batch
         while True:
-            order = self.epoch_order(epoch, seed)
-            for i in range(index, len(order)):
-                b = self.batches[order[i]]
-                yield Batch(b.ids, b.captions, b.bucket, b.pixels, DataPosition(epoch, i))
+            plan = self.epoch_batches(epoch, seed)
+            for i in range(index, len(plan)):
+                yield DataPosition(epoch, i), plan[i]
             epoch, index = epoch + 1, 0
+
+    def stream(self, seed: int, start: DataPosition = DataPosition()) -> Iterator[Batch]:
+        """Endless batches from `start`; each carries the position it was read at."""
+        for pos, ids in self.planned(seed, start):
+            yield self._batch(ids, seed, pos)
+
+    def _batch(self, ids: tuple[str, ...], seed: int, pos: DataPosition) -> Batch:
+        packed = self._packed.get(ids)
+        first = self.batches[self._where[ids[0]][0]]
+        pixels = packed.pixels if packed is not None else np.stack([self.batches[k].pixels[j] for k, j in map(self._where.__getitem__, ids)])
+        return Batch(ids, tuple(self.caption_text(i, seed, pos.epoch) for i in ids), first.bucket, pixels, pos)
+
+    def form_counts(self, seed: int, batches: int) -> dict[str, int]:
+        """How many samples drew each caption form over the first `batches` batches of the stream
+        (a run's steps, whether or not it was resumed on the way)."""
+        if self.form_probs is None:
+            return {}
+        counts = dict.fromkeys(sorted(self.form_probs), 0)
+        for pos, ids in itertools.islice(self.planned(seed), batches):
+            for i in ids:
+                counts[pick_form(i, self.form_probs, seed, pos.epoch)] += 1
+        return counts
+
+    def weight_summary(self) -> dict[str, float]:
+        w = list(self.weights.values())
+        return {"min": min(w), "mean": sum(w) / len(w), "max": max(w)}
 
 
 def next_position(pos: DataPosition, n_batches: int) -> DataPosition:

@@ -6,18 +6,21 @@ pack stage packs them (one bucket per batch, pre-shuffled order), and written as
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from kiln.config import KilnConfig
+from kiln.sampling import FORMS, dump_forms
 from kiln.schemas import TRAIN
 from kiln.stage import write_table
 
 
-def scene_rows(n: int, seed: int = 0, buckets: tuple[tuple[int, int], ...] = ((32, 32),), batch_size: int = 8) -> pa.Table:
-    """`n` single-shape scenes; rows cycle through `buckets` and every batch holds one bucket."""
+def scene_rows(n: int, seed: int = 0, buckets: tuple[tuple[int, int], ...] = ((32, 32),), batch_size: int = 8, weights: Sequence[float] | None = None) -> pa.Table:
+    """`n` single-shape scenes; rows cycle through `buckets` and every batch holds one bucket. Each row
+    carries the rule rewriter's caption forms and its sampling weight (`weights[i]`, default 1)."""
     from assets.demo_scenes import caption_for, render, sample_scene
 
     rng = np.random.default_rng(seed)
@@ -26,7 +29,9 @@ def scene_rows(n: int, seed: int = 0, buckets: tuple[tuple[int, int], ...] = ((3
         scene = sample_scene(rng, "single_shape")
         h, w = buckets[i % len(buckets)]
         pixels = np.asarray(render(scene, w, h), dtype=np.uint8)
-        by_bucket[(h, w)].append({"id": f"row{i:05d}", "caption": caption_for(scene), "bucket": f"{h}x{w}", "height": h, "width": w, "pixels": pixels.tobytes()})
+        caption = caption_for(scene)
+        row = {"id": f"row{i:05d}", "caption": caption, "caption_forms": rule_caption_forms(caption), "sampling_weight": 1.0 if weights is None else float(weights[i])}
+        by_bucket[(h, w)].append(row | {"bucket": f"{h}x{w}", "height": h, "width": w, "pixels": pixels.tobytes()})
     batches = [rows[k : k + batch_size] for rows in by_bucket.values() for k in range(0, len(rows), batch_size)]
     order = rng.permutation(len(batches))
     out, pos = [], 0
@@ -35,6 +40,14 @@ def scene_rows(n: int, seed: int = 0, buckets: tuple[tuple[int, int], ...] = ((3
             out.append(r | {"batch": b, "order": pos})
             pos += 1
     return pa.Table.from_pylist(out, schema=TRAIN)
+
+
+def rule_caption_forms(caption: str) -> str:
+    """The caption forms the offline rule rewriter (assets.rewrite) writes for one caption, as TRAIN stores them."""
+    from assets.rewrite import rule_forms
+
+    forms = rule_forms(caption, "", short_words=12)
+    return dump_forms({f: getattr(forms, f) for f in FORMS})
 
 
 def write_pack_output(folder: Path, table: pa.Table, shard_rows: int = 64) -> Path:
@@ -46,9 +59,8 @@ def write_pack_output(folder: Path, table: pa.Table, shard_rows: int = 64) -> Pa
 
 def tiny_config(text_encoder_dir: Path, **train) -> KilnConfig:
     """The micro DiT over a tiny random BERT, and a short, quiet training run."""
-    from model.testing import micro_model_config
-
     from kiln.config import TrainConfig
+    from model.testing import micro_model_config
 
     fields = {"steps": 30, "batch_size": 8, "lr": 3e-3, "warmup_steps": 3, "holdout": 8, "log_every": 0, "threads": 1}
     fields |= {"sample": {"steps": 4, "n_per_prompt": 2}, "eval": {"steps": 4, "n_per_prompt": 1}}

@@ -9,7 +9,7 @@ Layers, so each can be tested alone:
   * `setup_runtime`: threads, seeds, device;
   * `train_step`: one optimiser step on one rank's rows of a global batch (no data loading, no logging);
   * `train`: data stream and read-ahead, text-embedding cache, parallelism, LR schedule, REPA, telemetry,
-    DCP checkpoints (resume) and the exported checkpoint folder.
+    DCP checkpoints (resume), the exported checkpoint folder and its record of the data (`train_data.json`).
 
 Randomness of a step (timesteps, noise, caption dropout) comes from a CPU generator seeded by (seed, step)
 and is drawn for the global batch, so a resumed run draws exactly what the uninterrupted run would have
@@ -18,6 +18,7 @@ drawn, and N ranks draw what one process draws.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -135,6 +136,31 @@ def _load_init_weights(gen, init_from: str | None) -> None:
         gen.load_state_dict(load_file(str(Path(init_from) / "model.safetensors")), strict=True)
 
 
+DATA_RECORD = "train_data.json"
+
+
+def data_record(data_dir: Path, data, cfg: KilnConfig, steps: int) -> dict:
+    """What a checkpoint was trained on: the train set's version (the sha256 the evaluation records too),
+    the mix, the caption form probabilities and how often each form was drawn over the `steps` steps,
+    and the sampling weights' spread. Deterministic, like everything else in the checkpoint folder."""
+    from training.eval_protocol import dataset_version
+
+    return {
+        "train_set_version": dataset_version(data_dir),
+        "mix": cfg.train.mix,
+        "caption_form_probs": cfg.data.rewrite.form_probs,
+        "caption_forms_drawn": data.form_counts(cfg.train.seed, steps),
+        "steps": steps,
+        "rows": data.num_rows,
+        "weighted": data.weighted,
+        "sampling_weight": data.weight_summary(),
+    }
+
+
+def write_data_record(out_dir: Path, data_dir: Path, data, cfg: KilnConfig, steps: int) -> None:
+    (Path(out_dir) / DATA_RECORD).write_text(json.dumps(data_record(data_dir, data, cfg, steps), indent=2, sort_keys=True) + "\n")
+
+
 def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, stop_at: int | None = None) -> Path:
     """Train on a pack stage output; write the checkpoint folder `out_dir` and return it.
 
@@ -165,10 +191,10 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
     try:
         mesh, ranks = build_ranks(tc.parallel.tp, device.type)
         _fresh_output(out_dir, resume, ranks.rank)
-        data = TrainSet.from_dir(Path(data_dir), tc.batch_size, tc.holdout)
+        data = TrainSet.from_dir(Path(data_dir), tc.batch_size, tc.holdout, cfg.data.rewrite.form_probs)
         gen = init_generator(cfg.model, tc.seed, device)
         _load_init_weights(gen, tc.init_from)
-        cache = TextCache.build(gen, data.captions())  # before sharding: the frozen backbone is not trained
+        cache = TextCache.build(gen, data.captions())  # every drawable caption form; before sharding: the frozen backbone is not trained
         null_one = gen.null_text(1)
         flops_per_sample = {b.bucket: gen.flops_per_sample(b.pixels.shape[1] // gen.autoencoder.downsample, b.pixels.shape[2] // gen.autoencoder.downsample) for b in data.batches}
         repa = build_repa(gen, tc.repa, tc.parallel, device) if tc.repa.teacher_path else None
@@ -212,7 +238,7 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
                     torch.cuda.synchronize()
                 last = result.loss
                 loss_ema = last if loss_ema is None else 0.98 * loss_ema + 0.02 * last
-                position = next_position(batch.position, len(data))
+                position = next_position(batch.position, data.epoch_length(batch.position.epoch, tc.seed))
                 done = step + 1
                 if telemetry is not None:
                     counters = gpu.sample().to_dict() if gpu is not None and done % tel.gpu_every == 0 else {}
@@ -226,6 +252,8 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
         ckpt.save(gen, opt, final)
         ckpt.wait()
         export_checkpoint(gen, out_dir, cfg, data, final, tc.parallel.tp, ranks.rank, sharded=mesh is not None)
+        if ranks.rank == 0:
+            write_data_record(out_dir, Path(data_dir), data, cfg, final.step)
         if telemetry is not None:
             summary = telemetry.finish()
             log.info("train: done at step %d, final loss %s, %.1f samples/s, %.0f tokens/s, MFU %s", step, last, summary["samples_per_s"], summary["tokens_per_s"], summary["mfu"])

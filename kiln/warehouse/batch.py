@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from kiln.config import KilnConfig
-from kiln.schemas import REJECTED, check_schema
-from kiln.stage import Stage, StageOutput, check_accounting
+from kiln.schemas import REJECTED
+from kiln.stage import Stage, StageOutput, apply_stage
 
 MAX_ERROR_CHARS = 2000
 
@@ -30,15 +30,6 @@ class BatchResult:
         out = {i: "kept" for i in self.kept.column("id").to_pylist()}
         out.update({i: "rejected" for i in self.rejected.column("id").to_pylist()})
         return out
-
-
-def apply_stage(stage: Stage, rows: pa.Table, cfg: KilnConfig) -> StageOutput:
-    """The stage call with the stage contract checked: schemas in and out, every row out once."""
-    rows = check_schema(rows, stage.input_schema, f"{stage.name} input")
-    out = stage.fn(rows, cfg)
-    check_accounting(stage.name, rows, out, stage.id_column)
-    kept = check_schema(out.kept, stage.output_schema, f"{stage.name} output")
-    return StageOutput(kept, check_schema(out.rejected, REJECTED, f"{stage.name} rejects"))
 
 
 def describe(error: BaseException) -> str:

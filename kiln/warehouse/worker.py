@@ -56,6 +56,8 @@ def run_worker(
         job = pg.read_job(conn, table, stage_name)
         stage = resolve_stage(job.stage_ref)
         cfg = KilnConfig.model_validate(job.config)
+        if stage.setup is not None:  # load the stage's models once, before the first claim
+            stage.setup(cfg)
         n = batch_size or job.batch_size
         while max_batches is None or report.batches < max_batches:
             with conn.transaction():

@@ -1,0 +1,49 @@
+"""One way to run a data stage, whichever executor the cluster profile picks.
+
+| executor | where the shards go | the profile that picks it (`cluster.executor: auto`) |
+|---|---|---|
+| `inprocess` | this process, one shard after another | - |
+| `pool` | a local process pool of `cluster.workers` | `kind: local` |
+| `queue` | the warehouse queue: Postgres when KILN_PG_DSN is set, else the embedded DuckDB one | - |
+| `slurm_array` | one Slurm array task per shard (a global stage: one task) | `kind: slurm` |
+
+Every executor calls `kiln.stage.apply_stage` on each shard, the one place the contract is checked, and
+writes the output with `kiln.stage.write_stage_output`, so the same input gives the same kept and rejected
+rows, row for row, whichever ran it. Global stages (dedup, clusters, pack) see all rows at once everywhere;
+the queue refuses them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from kiln.config import KilnConfig
+from kiln.progress import log as kiln_log
+from kiln.stage import Summary, get_stage, run_stage
+
+EXECUTORS = ("inprocess", "pool", "queue", "slurm_array")
+
+
+def executor_of(cfg: KilnConfig) -> str:
+    chosen = cfg.cluster.executor
+    if chosen == "auto":
+        return "slurm_array" if cfg.cluster.kind == "slurm" else "pool"
+    return chosen
+
+
+def execute(stage: str, input_path: Path | str, output: Path | str, cfg: KilnConfig, log: Callable[[str], None] = kiln_log.info) -> Summary:
+    """Run `stage` over `input_path` into `output` on the profile's executor."""
+    executor = executor_of(cfg)
+    if executor == "slurm_array":
+        from slurm.arrays import run_stage_array
+
+        return run_stage_array(stage, input_path, output, cfg, log=log)
+    if executor == "queue" and get_stage(stage).scope == "shard":
+        from kiln.warehouse.cli import run_map
+
+        dsn = os.environ.get("KILN_PG_DSN")
+        return run_map(stage, Path(input_path), Path(output), cfg, dsn, max(cfg.cluster.workers, 1), f"q_{stage}", log=log)
+    workers = 1 if executor in ("inprocess", "queue") else cfg.cluster.workers
+    return run_stage(stage, input_path, output, cfg, workers=workers)

@@ -1,0 +1,80 @@
+"""Training consumes what curation made: a cluster rejected in review, a classifier reject and a semantic
+duplicate never reach a train set, and each is accounted for with its reason where it left."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pyarrow.parquet as pq
+import pytest
+
+from assets.cluster import review_rows, set_decision
+from kiln.lineage import MAIN_CHAIN, PACK
+from kiln.stage import read_dataset
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+CHAIN = ["raw_images", *[s.key for s in MAIN_CHAIN], "coverage", "mixes", PACK.key]
+# the demo's low_quality head rejects at p >= 0.3 here, so that it rejects something
+OVERRIDES = ["data.demo.n=240", "data.classify.heads.0.threshold=0.3"]
+
+
+def run_chain(root) -> None:
+    from dagster_project.run import job_for
+
+    run_config = {"resources": {"kiln": {"config": {"overrides": OVERRIDES, "data_dir": str(root / "data")}}}}
+    assert job_for(CHAIN, everything=False).execute_in_process(run_config=run_config, instance=dg.DagsterInstance.ephemeral()).success
+
+
+def rejected(root, step: str, reason: str) -> set[str]:
+    rows = read_dataset(root / "data" / step / "rejected").to_pylist()
+    return {r["id"] for r in rows if r["reason"] == reason}
+
+
+def trained_ids(root) -> set[str]:
+    ids = set(read_dataset(root / "data" / "train_set" / "kept").column("id").to_pylist())
+    for mix in (root / "data" / "mixes").glob("*/part-00000.parquet"):
+        ids |= set(pq.read_table(mix, columns=["id"]).column("id").to_pylist())
+    return ids
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    import os
+
+    root = tmp_path_factory.mktemp("chain")
+    old = os.getcwd()
+    os.chdir(root)  # the review table (data.clustering.review_db) and the demo's truth live under data/
+    try:
+        run_chain(root)
+        first = trained_ids(root)
+        clusters = [r for r in review_rows(root / "data" / "review.duckdb") if r["level"] == 0]
+        target = max(clusters, key=lambda r: r["size"])
+        set_decision(root / "data" / "review.duckdb", 0, target["cluster"], "reject", "not for training")
+        run_chain(root)
+    finally:
+        os.chdir(old)
+    return root, first, target
+
+
+def test_a_cluster_rejected_in_review_leaves_every_train_set_with_its_reason(chain):
+    root, first, target = chain
+    gone = rejected(root, "clustered", "cluster_rejected")
+    assert len(gone) == target["size"] and gone & first  # they trained before the review
+    assert not gone & trained_ids(root)
+
+
+def test_classifier_and_semantic_dedup_rejects_never_reach_training(chain):
+    root, _, _ = chain
+    low_quality, semantic = rejected(root, "classified", "low_quality"), rejected(root, "semdeduped", "semantic_duplicate")
+    assert low_quality and semantic
+    assert not (low_quality | semantic) & trained_ids(root)
+
+
+def test_every_listed_object_is_trained_on_or_rejected_with_a_reason(chain):
+    root, _, _ = chain
+    listed = set(pq.read_table(root / "data" / "source" / "listing.parquet", columns=["id"]).column("id").to_pylist())
+    rejects = set()
+    for step in [*MAIN_CHAIN, PACK]:
+        rejects |= {r["id"] for r in read_dataset(root / "data" / step.key / "rejected").to_pylist()}
+    kept = set(read_dataset(root / "data" / "train_set" / "kept").column("id").to_pylist())
+    assert kept | rejects == listed and not kept & rejects

@@ -1,0 +1,118 @@
+"""One lineage: a single connected graph from raw images to the evaluation, one table behind every door
+(Dagster, DVC), and versions that say what is stale."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+
+from dagster_project.definitions import defs
+from kiln.dvcgen import render, write_dvc_files
+from kiln.lineage import DATA_STEPS, MAIN_CHAIN, PACK, output_hash, stage_code_files, step_code_version
+
+
+def test_the_asset_graph_is_one_connected_chain_from_raw_images_to_the_evaluation():
+    graph = defs.resolve_asset_graph()
+    keys = graph.get_all_asset_keys()
+    neighbours = {k: set(graph.get(k).parent_keys) | set(graph.get(k).child_keys) for k in keys}
+    seen, todo = set(), [dg.AssetKey("raw_images")]
+    while todo:
+        k = todo.pop()
+        if k not in seen:
+            seen.add(k)
+            todo.extend(neighbours[k])
+    assert seen == set(keys), f"islands: {sorted(k.to_user_string() for k in set(keys) - seen)}"
+    # and the main chain is a path: each step reads the one before it, and the train set reads the last
+    assert [s.upstream for s in MAIN_CHAIN[1:]] == [s.key for s in MAIN_CHAIN[:-1]] and PACK.upstream == MAIN_CHAIN[-1].key
+    for s in [*MAIN_CHAIN, PACK]:
+        assert dg.AssetKey(s.upstream) in graph.get(dg.AssetKey(s.key)).parent_keys
+    assert graph.get(dg.AssetKey("checkpoint")).parent_keys == {dg.AssetKey("train_set")}
+
+
+def test_the_main_job_runs_the_whole_chain():
+    main = {k.to_user_string() for k in defs.resolve_job_def("main").asset_layer.selected_asset_keys}
+    assert {s.key for s in [*MAIN_CHAIN, PACK]} | {"raw_images", "coverage", "mixes", "checkpoint", "samples", "evaluation"} <= main
+
+
+def test_the_committed_dvc_files_are_the_ones_the_lineage_generates():
+    assert write_dvc_files(check=True) == [], "run `kiln dvc write` and commit dvc.yaml and params.yaml"
+
+
+def test_each_dvc_stage_depends_on_its_code_its_config_files_and_its_params():
+    import yaml
+
+    stages = yaml.safe_load(render()[0])["stages"]
+    assert "data/raw/truth.parquet" in stages["captioned"]["deps"]  # the demo's captioner reads the ground truth
+    assert {"assets/filters.py", "assets/decode.py", "kiln/config.py"} <= set(stages["filtered"]["deps"])
+    assert stages["filtered"]["params"] == ["data.filters"]
+    assert {"train.eval", "train.sample"} <= set(stages["evaluation"]["params"])
+    assert "data/coverage" in stages["train_set"]["deps"] and "data.pack.weights_file=data/coverage/weights.parquet" in stages["train_set"]["cmd"]
+    assert stages["coverage"]["cmd"].startswith("kiln coverage") and stages["mixes"]["cmd"].startswith("kiln mixes")
+
+
+def test_a_code_version_moves_with_the_config_sections_of_its_step_and_no_other():
+    from kiln.config import load_config
+
+    base = load_config()
+    filtered, deduped = DATA_STEPS[1], DATA_STEPS[2]
+    changed = load_config(["data.filters.min_side=40"])
+    assert step_code_version(filtered, changed) != step_code_version(filtered, base)
+    assert step_code_version(deduped, changed) == step_code_version(deduped, base)
+
+
+def test_a_stage_is_versioned_by_the_code_it_runs():
+    files = stage_code_files("filter")
+    assert {"assets/filters.py", "assets/decode.py", "assets/hashes.py", "kiln/config.py"} <= set(files)
+    assert "assets/dedup.py" not in files
+
+
+def test_the_output_hash_is_the_one_dvc_records(tmp_path):
+    from dvc_data.hashfile.build import build
+    from dvc_data.hashfile.db import HashFileDB
+    from dvc_objects.fs.local import LocalFileSystem
+
+    (tmp_path / "out" / "kept").mkdir(parents=True)
+    (tmp_path / "out" / "kept" / "part-00000.parquet").write_bytes(b"rows")
+    (tmp_path / "out" / "summary.json").write_text("{}\n")
+    fs = LocalFileSystem()
+    odb = HashFileDB(fs, str(tmp_path / "cache"))
+    _, _, obj = build(odb, str(tmp_path / "out"), fs, "md5")
+    assert output_hash(tmp_path / "out") == obj.hash_info.value
+
+
+@pytest.mark.integration
+def test_a_config_change_marks_the_right_assets_stale(tmp_path, monkeypatch):
+    """Materialize the chain's head, change one step's config section: that step and what follows are stale."""
+    from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
+    from dagster._core.loader import LoadingContextForTest
+
+    import kiln.lineage as lineage
+    from dagster_project.run import job_for
+
+    monkeypatch.chdir(tmp_path)
+    instance = dg.DagsterInstance.ephemeral()
+    run_config = {"resources": {"kiln": {"config": {"overrides": ["data.demo.n=40"], "data_dir": str(tmp_path / "data")}}}}
+    assert job_for(["raw_images", "manifest", "filtered", "deduped"], False).execute_in_process(run_config=run_config, instance=instance).success
+
+    def status(graph) -> dict[str, StaleStatus]:
+        resolver = CachingStaleStatusResolver(instance, graph, LoadingContextForTest(instance))
+        return {k: resolver.get_status(dg.AssetKey(k)) for k in ("manifest", "filtered", "deduped")}
+
+    assert set(status(defs.resolve_asset_graph()).values()) == {StaleStatus.FRESH}
+    # the definitions reloaded after an edit of conf/data/demo.yaml: dedup's radius changed
+    monkeypatch.setattr(lineage, "default_config", lambda: __import__("kiln.config").config.load_config(["data.dedup.phash_radius=20"]))
+    import importlib
+
+    import dagster_project.assets as assets_module
+    import dagster_project.checks as checks_module
+    import dagster_project.definitions as definitions_module
+
+    for m in (assets_module, checks_module, definitions_module):
+        importlib.reload(m)
+    try:
+        after = status(definitions_module.defs.resolve_asset_graph())
+    finally:
+        monkeypatch.undo()
+        for m in (assets_module, checks_module, definitions_module):
+            importlib.reload(m)
+    assert after == {"manifest": StaleStatus.FRESH, "filtered": StaleStatus.FRESH, "deduped": StaleStatus.STALE}
