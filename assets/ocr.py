@@ -97,15 +97,16 @@ def _spaced_box(rgb: np.ndarray, quad, text, confidence, char_boxes, chars, char
     """One recognised line with its word spaces; confident as its characters (the recogniser's spaces score ~0.5)."""
     xs, ys = [p[0] for p in quad], [p[1] for p in quad]
     x0, y0, x1, y1 = float(min(xs)), float(min(ys)), float(max(xs)), float(max(ys))
-    if len(char_boxes) != len(chars) or not chars:  # no positions (vertical or empty line): the text as read
+    if len(char_boxes) != len(chars) or not chars:  # no character positions: the text as read
         return TextBox(x0, y0, x1, y1, str(text).strip(), float(confidence))
     centres = [float(np.mean([p[0] for p in b])) for b in char_boxes]
     letters = [c for ch, c in zip(chars, char_confidences) if ch != " "]
     return TextBox(x0, y0, x1, y1, spaced_text(chars, centres, gaps_in(rgb, x0, y0, x1, y1)), float(np.mean(letters)) if letters else float(confidence))
 
 
-# Blank runs between glyphs, in text heights, that are word spaces. Letters leave < 0.3, spaces > 0.36 (DejaVu, Aileron);
-# digits have one advance each, so a narrow '1' leaves up to 0.43 beside another digit (Aileron '11') but '1 1' 0.64.
+# Blank runs between glyphs, in text heights, that are word spaces: letters mostly leave under 0.3, spaces over 0.36
+# (DejaVu, Aileron; 14-40 px). Digits share one advance, so a narrow '1' leaves up to 0.43 beside another digit
+# (Aileron '11') but '1 1' leaves 0.64.
 WORD_GAP, DIGIT_GAP = 0.34, 0.5
 
 
