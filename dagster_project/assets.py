@@ -16,10 +16,6 @@ from kiln.lineage import DATA_STEPS, MAIN_CHAIN, PACK, Step, output_hash, step_c
 from kiln.progress import log as kiln_log
 from kiln.viz import markdown_image
 
-# The data assets are the lineage's steps (kiln.lineage): one table for Dagster, DVC and the checks.
-MAIN_STAGES = [*MAIN_CHAIN, PACK]
-DATA_STAGES = DATA_STEPS
-
 
 @dg.observable_source_asset(
     name="raw_images",
@@ -80,7 +76,7 @@ def _stage_asset(st: Step) -> dg.AssetsDefinition:
     return _asset
 
 
-stage_assets = [_stage_asset(st) for st in DATA_STAGES]
+stage_assets = [_stage_asset(st) for st in DATA_STEPS]  # the lineage's steps (kiln.lineage), main chain first
 
 
 @dg.asset(deps=["train_set"], group_name="training", kinds={"pytorch", "safetensors"}, description="The pretrained DiT: safetensors weights + config, with its loss curve.")
@@ -180,8 +176,9 @@ def mixes(kiln: KilnResource) -> dg.MaterializeResult:
     return dg.MaterializeResult(metadata={"mixes": dg.MetadataValue.json(meta), "path": dg.MetadataValue.path(str(out))})
 
 
-MAIN_ASSETS = [raw_images, *stage_assets[: len(MAIN_STAGES)], coverage, mixes, checkpoint, samples, evaluation]
-all_assets = [*MAIN_ASSETS, *stage_assets[len(MAIN_STAGES) :]]
+_main_steps = {s.key for s in (*MAIN_CHAIN, PACK)}
+MAIN_ASSETS = [raw_images, *(a for a in stage_assets if a.key.to_user_string() in _main_steps), coverage, mixes, checkpoint, samples, evaluation]
+all_assets = [*MAIN_ASSETS, *(a for a in stage_assets if a.key.to_user_string() not in _main_steps)]
 
 
 @dg.asset(deps=["manifest"], group_name="warehouse", kinds={"postgres", "duckdb"}, description="The filter stage over the warehouse queue: Postgres when KILN_PG_DSN is set (workers as a Slurm array on a Slurm profile), else the embedded DuckDB path.")

@@ -15,6 +15,7 @@ the queue refuses them.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,15 @@ def executor_of(cfg: KilnConfig) -> str:
     return chosen
 
 
+def queue_table(stage: str, input_path: Path | str, cfg: KilnConfig) -> str:
+    """The queue of one stage over one input version under one config: a rerun of the same work finds its
+    results, and other work never shares its rows."""
+    from kiln.lineage import output_hash
+
+    key = f"{output_hash(input_path)}:{cfg.model_dump_json()}"
+    return f"q_{stage}_{hashlib.sha1(key.encode()).hexdigest()[:12]}"
+
+
 def execute(stage: str, input_path: Path | str, output: Path | str, cfg: KilnConfig, log: Callable[[str], None] = kiln_log.info) -> Summary:
     """Run `stage` over `input_path` into `output` on the profile's executor."""
     executor = executor_of(cfg)
@@ -44,6 +54,6 @@ def execute(stage: str, input_path: Path | str, output: Path | str, cfg: KilnCon
         from kiln.warehouse.cli import run_map
 
         dsn = os.environ.get("KILN_PG_DSN")
-        return run_map(stage, Path(input_path), Path(output), cfg, dsn, max(cfg.cluster.workers, 1), f"q_{stage}", log=log)
+        return run_map(stage, Path(input_path), Path(output), cfg, dsn, max(cfg.cluster.workers, 1), queue_table(stage, input_path, cfg), log=log)
     workers = 1 if executor in ("inprocess", "queue") else cfg.cluster.workers
     return run_stage(stage, input_path, output, cfg, workers=workers)

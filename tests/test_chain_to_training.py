@@ -14,8 +14,8 @@ from kiln.stage import read_dataset
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 CHAIN = ["raw_images", *[s.key for s in MAIN_CHAIN], "coverage", "mixes", PACK.key]
-# the demo's low_quality head rejects at p >= 0.3 here, so that it rejects something
-OVERRIDES = ["data.demo.n=240", "data.classify.heads.0.threshold=0.3"]
+# the demo's low_quality head rejects at p >= 0.3 here and semantic dedup merges at cosine 0.99, so that each rejects something
+OVERRIDES = ["data.demo.n=240", "data.classify.heads.0.threshold=0.3", "data.clustering.semdedup_threshold=0.99"]
 
 
 def run_chain(root) -> None:
