@@ -1,7 +1,8 @@
 """The rewrite stage: each long caption into short, medium, tag-list and JSON forms, all stored on every row.
 
-Training then draws one form per sample with configured probabilities (`sample_caption`), so that the
-model learns both from dense descriptions and from the terse prompts people type.
+Training then draws one form per sample per epoch with configured probabilities (kiln.sampling.pick_form, in
+the loader, training/data.py), so that the model learns both from dense descriptions and from the terse
+prompts people type.
 
 Two rewriters behind one interface (`Rewriter.rewrite(captions, ocr_texts) -> list[Forms]`):
 - `LLMRewriter`: a transformers causal LM loaded by local path, one instruction per form, batched and
@@ -25,7 +26,7 @@ import pyarrow as pa
 from assets.captioners import GenerationSettings, seed_everything
 from kiln.config import KilnConfig, RewriteConfig
 from kiln.reasons import Reason
-from kiln.sampling import FORMS, pick_form  # shared with training, which draws the forms
+from kiln.sampling import FORMS  # shared with training, which draws the forms
 from kiln.schemas import OCR_CAPTIONED, REWRITTEN
 from kiln.stage import Rejects, Stage, StageOutput
 
@@ -211,9 +212,4 @@ def rewrite_stage(table: pa.Table, cfg: KilnConfig) -> StageOutput:
 
 
 # ------------------------------------------------------------------------------------------- training
-def sample_caption(row: dict, probs: dict[str, float], seed: int = 0, epoch: int = 0) -> str:
-    """The caption text of one REWRITTEN row for one epoch (what pack / the trainer should use)."""
-    return row[f"caption_{pick_form(row['id'], probs, seed, epoch)}"]
-
-
 STAGE = Stage("rewrite", rewrite_stage, input_schema=OCR_CAPTIONED, output_schema=REWRITTEN, scope="shard")

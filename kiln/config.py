@@ -106,7 +106,7 @@ class RewriteConfig(Strict):
     )
     form_probs: dict[str, float] = Field(
         default_factory=lambda: {"long": 0.5, "medium": 0.2, "short": 0.15, "tags": 0.1, "json": 0.05},
-        description="training samples a caption form with these probabilities (assets.rewrite.sample_caption)",
+        description="the loader draws a caption form per sample per epoch with these probabilities (kiln.sampling.pick_form)",
     )
     pair_drop: float = Field(0.5, ge=0, le=1, description="prompt pairs: chance of dropping each detail clause")
     seed: int = 0

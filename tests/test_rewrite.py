@@ -22,17 +22,15 @@ from caption_fixtures import (
 from assets.caption import caption_rows
 from assets.prompt_pairs import make_prompt, prompt_pair_rows
 from assets.rewrite import (
-    FORMS,
     LLMRewriter,
     RuleRewriter,
     make_rewriter,
-    pick_form,
     rewrite_rows,
     rule_forms,
-    sample_caption,
 )
 from kiln.config import RewriteConfig, load_config
 from kiln.reasons import Reason
+from kiln.sampling import FORMS, pick_form
 from kiln.schemas import PROMPT_PAIRS, REWRITTEN, check_schema
 
 torch.set_num_threads(1)
@@ -108,8 +106,6 @@ def test_training_draws_forms_with_the_configured_probabilities():
         assert counts[form] / 4000 == pytest.approx(p, abs=0.025)
     assert pick_form("x", probs, 0, epoch=0) == pick_form("x", probs, 0, epoch=0)
     assert len({pick_form("x", probs, 0, epoch=e) for e in range(30)}) > 1  # a new draw per epoch
-    row = {"id": "x"} | {f"caption_{f}": f for f in FORMS}
-    assert sample_caption(row, probs, 0, 0) == pick_form("x", probs, 0, 0)
 
 
 def test_prompt_pairs_drop_details_reproducibly(captioned):
