@@ -70,7 +70,9 @@ def _stage_asset(st: Step) -> dg.AssetsDefinition:
         description=f"`kiln stage {st.stage}` over {st.upstream}: kept rows + rejected rows with reasons.",
     )
     def _asset(context, kiln: KilnResource) -> dg.MaterializeResult:
-        cfg = kiln.config(step_overrides(st, kiln.data_dir, kiln.config().train.mix))
+        cfg = kiln.config()
+        if extra := step_overrides(st, kiln.data_dir, cfg.train.mix):  # the step's own inputs (pack: weights, mix)
+            cfg = kiln.config(extra)
         return run_data_stage(st.stage, kiln.path(st.reads), kiln.path(st.key), cfg, log=context.log.info)
 
     return _asset
