@@ -15,6 +15,7 @@ from PIL import Image
 
 from assets.hashes import PHASH_INPUT, colorhash64, phash12
 from assets.imageio import open_header, to_rgb, upright
+from kiln.reasons import detail_of
 
 WHITE_LEVEL = 240  # a pixel is white when all three channels reach this
 BLACK_LEVEL = 16  # a pixel is black when no channel reaches this
@@ -80,9 +81,9 @@ def decode_views(data: bytes, orientation: int, decode_size: int, stats_size: in
     except OSError as e:
         if "decoder" in str(e) and "not available" in str(e):
             raise UnsupportedFormat(str(e)) from e
-        raise DecodeFailure(f"{type(e).__name__}: {e}") from e
+        raise DecodeFailure(detail_of(e)) from e
     except Exception as e:  # PIL signals corrupt data with SyntaxError, ValueError, EOFError, struct.error...
-        raise DecodeFailure(f"{type(e).__name__}: {e}") from e
+        raise DecodeFailure(detail_of(e)) from e
     smooth = _square(rgb, stats_size, Image.Resampling.BILINEAR)
     stats = smooth if rgb.width >= stats_size and rgb.height >= stats_size else _square(rgb, stats_size, Image.Resampling.NEAREST)
     hashed = smooth.resize((PHASH_INPUT, PHASH_INPUT), Image.Resampling.BOX)

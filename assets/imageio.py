@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import io
 import warnings
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import BinaryIO
 
 import numpy as np
 from PIL import Image
@@ -43,10 +44,10 @@ def _own_pixel_limit() -> Iterator[None]:
         Image.MAX_IMAGE_PIXELS = saved
 
 
-def open_header(data: bytes) -> Image.Image:
-    """Parse the header only (lazy PIL open): format, size, mode; nothing is decoded yet."""
+def open_header(data: bytes | BinaryIO) -> Image.Image:
+    """Parse the header only (lazy PIL open) of bytes or a seekable file: format, size, mode; nothing is decoded yet."""
     with _own_pixel_limit():
-        return Image.open(io.BytesIO(data))
+        return Image.open(io.BytesIO(data) if isinstance(data, bytes | bytearray | memoryview) else data)
 
 
 def exif_orientation(im: Image.Image) -> int:
@@ -59,7 +60,7 @@ def exif_orientation(im: Image.Image) -> int:
         return 0
     try:
         value = int(im.getexif().get(EXIF_ORIENTATION_TAG, 0))
-    except Exception:  # a corrupt EXIF block is not a corrupt image
+    except Exception:  # noqa: BLE001 - a corrupt EXIF block is not a corrupt image
         return 0
     return value if 1 <= value <= 8 else 0
 

@@ -13,30 +13,44 @@ The listing records each object's size and version (ETag, generation or mtime) a
 them. Its hash over the sorted (uri, size, version) rows is the source's data version: adding,
 removing or replacing an object changes it. Ingest re-checks each size and rejects an object that
 changed or disappeared after listing as `unreadable`.
+
+Nothing the lister meets vanishes: what cannot be an image row (a FIFO or device, a folder it may not list, a
+file name that is not UTF-8, a null or non-string entry in a list, a `.tar` that is no tar, a looping or
+refused symlink) is a row carrying that `problem`, which ingest turns into a reject with its reason. Each
+row also carries its `root`, the folder or prefix it was listed from (for a list's entries: the list's folder,
+or its bucket / host), which ingest confines the uri to.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import posixpath
+import stat
+import tarfile
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kiln.progress import log, progress
+from kiln.reasons import Reason, detail_of
 from kiln.uri import (
+    NotARegularFile,
     RemoteError,
+    file_kind,
     filesystem,
     is_local,
     local_path,
     read_bytes,
     remote_call,
-    tar_index,
-    tar_members,
+    split_uri,
+    tar_entries,
     tar_uri,
 )
 
@@ -50,10 +64,15 @@ LISTING = pa.schema(
         pa.field("license", pa.string()),
         pa.field("source_name", pa.string()),
         pa.field("source_meta", pa.string()),  # JSON object of any other column the source carried
+        pa.field("root", pa.string()),  # the folder or prefix the uri was listed from: ingest refuses a uri outside it
+        pa.field("symlink", pa.string()),  # the symlink the walk followed to reach this uri, if any
+        pa.field("problem", pa.string()),  # a reject reason the lister already knows (kiln.reasons); None for a file to read
+        pa.field("problem_detail", pa.string()),
     ],
     metadata={b"kiln.listing": b"1"},
 )
 CARRIED = ["source_caption", "license", "source_name", "source_meta"]
+TEXT_MEMBER_MAX = 16 * 2**20  # a caption or .json member larger than this is not read (the image row stays)
 IMAGE_EXTENSIONS = {"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff", "ppm", "pgm", "tga", "jp2", "avif", "mpo"}
 CAPTION_EXTENSIONS = ("txt", "caption")
 COLUMN_ALIASES = {"caption": "source_caption", "text": "source_caption", "license": "license", "source": "source_name"}
@@ -68,8 +87,41 @@ def uri_id(uri: str) -> str:
     return hashlib.sha1(uri.encode("utf-8")).hexdigest()[:16]
 
 
-def _row(uri: str, size: int | None = None, version: str | None = None, **carried) -> dict:
-    return {"uri": uri, "size": size, "version": version, **{k: carried.get(k) for k in CARRIED}}
+def _row(
+    uri: str,
+    size: int | None = None,
+    version: str | None = None,
+    *,
+    root: str | None = None,
+    symlink: str | None = None,
+    problem: Reason | None = None,
+    detail: str | None = None,
+    **carried,
+) -> dict:
+    return {
+        "uri": uri, "size": size, "version": version, **{k: carried.get(k) for k in CARRIED},
+        "root": root, "symlink": symlink, "problem": None if problem is None else str(problem), "problem_detail": detail,
+    }  # fmt: skip
+
+
+def _is_utf8(name: str) -> bool:
+    """False for a name holding bytes that are not UTF-8 (Python keeps them as lone surrogates), which no uri can carry."""
+    try:
+        name.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def _shown(name: str) -> str:
+    """A name that is not UTF-8, printable: its odd bytes as `\\xff`."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def as_listing(table: pa.Table) -> pa.Table:
+    """A listing in this schema: columns an older listing lacks (root, problem, ...) are added as nulls."""
+    cols = [table.column(f.name) if f.name in table.column_names else pa.nulls(table.num_rows, f.type) for f in LISTING]
+    return pa.Table.from_arrays(cols, schema=LISTING.remove_metadata()).cast(LISTING)
 
 
 def _version(info: dict) -> str | None:
@@ -96,8 +148,12 @@ def _sample_key(member: str) -> tuple[str, str]:
     return posixpath.join(head, stem), ext.lower()
 
 
-def _member_text(tar_path: str, member: str) -> str:
-    return read_bytes(tar_uri(tar_path, member)).decode("utf-8", errors="replace").strip()
+def _member_text(tar_path: str, member: str) -> str | None:
+    """A caption / metadata member's text; None when it cannot be read (the image row stays, without it)."""
+    try:
+        return read_bytes(tar_uri(tar_path, member), TEXT_MEMBER_MAX).decode("utf-8", errors="replace").strip()
+    except OSError:
+        return None
 
 
 def _carried_from_json(text: str) -> dict:
@@ -113,23 +169,35 @@ def _carried_from_json(text: str) -> dict:
     return out
 
 
-def list_tar(tar_path: str, version: str | None = None) -> list[dict]:
+def list_tar(tar_path: str, version: str | None = None, root: str | None = None, symlink: str | None = None) -> list[dict]:
     """A shard's samples: each image member a row carrying its sample's caption and metadata members.
 
-    A member that belongs to no image (a stray file, a sample without an image) is a row of its own, so
-    ingest rejects it with a reason rather than dropping it.
+    A member that belongs to no image (a stray file, a sample without an image), a member that is no regular file
+    (a symlink, a device) and a member whose name is not UTF-8 are rows of their own, so ingest rejects them with a
+    reason rather than dropping them. A file that is no tar is one row, rejected `unreadable`.
     """
-    members = tar_members(tar_path)
+    where = {"root": root if root is not None else tar_path, "symlink": symlink}
     try:
-        sizes = {m: size for m, (_, size) in tar_index(tar_path).items()}
-    except Exception:  # noqa: BLE001 - a compressed shard has no offsets; its sizes stay unknown
-        sizes = {}
+        entries = tar_entries(tar_path)
+    except NotARegularFile as e:
+        return [_row(tar_path, **where, problem=Reason.NOT_A_FILE, detail=str(e))]
+    except RemoteError:
+        raise  # the store did not answer: the source cannot be listed
+    except (tarfile.TarError, OSError, EOFError) as e:
+        return [_row(tar_path, version=version, **where, problem=Reason.UNREADABLE, detail=f"not a readable tar shard: {detail_of(e)}")]
+    members = [m for m, e in entries.items() if e.kind == "file" and _is_utf8(m)]
     by_key: dict[str, dict[str, str]] = {}
     for m in members:
         key, ext = _sample_key(m)
         by_key.setdefault(key, {})[ext] = m
     rows = []
-    for m in members:
+    for m, entry in entries.items():
+        if not _is_utf8(m):
+            rows.append(_row(tar_uri(tar_path, _shown(m)), **where, problem=Reason.BAD_URI, detail="the member's name is not UTF-8"))
+            continue
+        if entry.kind != "file":
+            rows.append(_row(tar_uri(tar_path, m), **where, problem=Reason.NOT_A_FILE, detail=f"a tar {entry.kind}, not a regular member"))
+            continue
         key, ext = _sample_key(m)
         sample = by_key[key]
         images = [e for e in sample if _ext("x." + e) in IMAGE_EXTENSIONS]
@@ -138,30 +206,76 @@ def list_tar(tar_path: str, version: str | None = None) -> list[dict]:
             if ext in IMAGE_EXTENSIONS:
                 if cap := next((sample[e] for e in CAPTION_EXTENSIONS if e in sample), None):
                     carried["source_caption"] = _member_text(tar_path, cap) or None
-                if "json" in sample:
-                    carried.update(_carried_from_json(_member_text(tar_path, sample["json"])))
-            rows.append(_row(tar_uri(tar_path, m), sizes.get(m), version, **carried))
+                if "json" in sample and (text := _member_text(tar_path, sample["json"])) is not None:
+                    carried.update(_carried_from_json(text))
+            size = entry.size if entry.offset >= 0 else None
+            rows.append(_row(tar_uri(tar_path, m), size, version, **where, **carried))
     return rows
 
 
 # ------------------------------------------------------------------------------------------- lists
-def _read_text_list(uri: str) -> list[str]:
-    lines = (line.strip() for line in read_bytes(uri).decode("utf-8").splitlines())
-    return [line for line in lines if line and not line.startswith("#")]
+def list_root(list_uri: str) -> str:
+    """Where a list's entries may point by default: the folder holding a local list, the bucket or host of a remote one."""
+    if is_local(list_uri):
+        prefix = "file://" if list_uri.startswith("file://") else ""
+        return prefix + (os.path.dirname(local_path(list_uri)) or ".")
+    parts = urlsplit(list_uri)
+    return f"{parts.scheme}://{parts.netloc}/"
+
+
+def _through_symlink(path: str, root: str) -> bool:
+    """Whether a local path passes through a symlink below root (or anywhere, when it lies outside root)."""
+    lexical, real = os.path.abspath(path), os.path.realpath(path)
+    base = os.path.abspath(local_path(root))
+    if os.path.commonpath([lexical, base]) != base:
+        return lexical != real
+    return os.path.relpath(lexical, base) != os.path.relpath(real, os.path.realpath(base))
+
+
+def _entry(value, where: str, root: str, **carried) -> dict:
+    """One list entry as a row; what is no usable uri (null, empty, not a string, a NUL byte) is a `bad_uri` row
+    named after its place in the list."""
+    bad = None
+    if value is None:
+        bad = "the uri is null"
+    elif not isinstance(value, str):
+        bad = f"the uri is {type(value).__name__} {str(value)[:80]!r}, not a string"
+    elif not value.strip():
+        bad = "the uri is empty"
+    elif "\0" in value:
+        bad = "the uri holds a NUL byte"
+    if bad:
+        return _row(where, root=root, problem=Reason.BAD_URI, detail=bad, **carried)
+    local = is_local(value) and is_local(root) and split_uri(value)[1] is None
+    symlink = value if local and _through_symlink(local_path(value), root) else None
+    return _row(value, root=root, symlink=symlink, **carried)
+
+
+def _read_text_list(uri: str) -> list[dict]:
+    root, rows = list_root(uri), []
+    for n, raw in enumerate(read_bytes(uri).split(b"\n"), start=1):
+        raw = raw.strip()
+        if not raw or raw.startswith(b"#"):
+            continue
+        try:
+            rows.append(_entry(raw.decode("utf-8"), f"{uri} [line {n}]", root))
+        except UnicodeDecodeError:
+            shown = raw.decode("utf-8", "backslashreplace")
+            rows.append(_row(f"{uri} [line {n}]", root=root, problem=Reason.BAD_URI, detail=f"line {n} is not UTF-8: {shown[:200]}"))
+    return rows
 
 
 def _read_parquet_list(uri: str) -> list[dict]:
-    import io
-
-    table = pq.read_table(io.BytesIO(read_bytes(uri)))
+    try:
+        table = pq.read_table(io.BytesIO(read_bytes(uri)))
+    except pa.ArrowException as e:
+        raise SourceError(f"{uri}: not a readable Parquet list ({detail_of(e)})") from e
     col = "uri" if "uri" in table.column_names else "url" if "url" in table.column_names else None
     if col is None:
         raise SourceError(f"{uri}: a Parquet list needs a `uri` (or `url`) column; it has {table.column_names}")
-    rows = []
-    for rec in table.to_pylist():
+    root, rows = list_root(uri), []
+    for i, rec in enumerate(table.to_pylist()):
         u = rec.pop(col)
-        if not u:
-            continue
         carried: dict = {}
         for key, target in COLUMN_ALIASES.items():
             if key in rec and target not in carried:
@@ -170,7 +284,7 @@ def _read_parquet_list(uri: str) -> list[dict]:
         rest = {k: v for k, v in rec.items() if v is not None}
         if rest:
             carried["source_meta"] = json.dumps(rest, sort_keys=True, default=str)
-        rows.append(_row(str(u), **carried))
+        rows.append(_entry(u, f"{uri} [row {i}]", root, **carried))
     return rows
 
 
@@ -178,34 +292,89 @@ def _expand(rows: list[dict]) -> list[dict]:
     """Tar shards named in a list or found under a prefix become their samples."""
     out: list[dict] = []
     for r in rows:
-        out.extend(list_tar(r["uri"], r["version"]) if _is_tar(r["uri"]) else [r])
+        shard = _is_tar(r["uri"]) and r["problem"] is None
+        out.extend(list_tar(r["uri"], r["version"], r["root"], r["symlink"]) if shard else [r])
     return out
 
 
 # ------------------------------------------------------------------------------------ folders, prefixes
-def _walk_local(folder: str) -> list[dict]:
-    """Every regular file under folder, sorted by posix relative path, joined onto folder as given."""
-    found = []
-    for root, dirs, files in os.walk(folder):
-        dirs.sort()
-        rel_root = Path(root).relative_to(folder)
-        for f in files:
-            st = os.stat(os.path.join(root, f))
-            found.append(((rel_root / f).as_posix(), st.st_size, str(st.st_mtime_ns)))
+def _join(root: str, rel: str) -> str:
+    return f"{root}{rel}" if root.endswith("/") else f"{root}/{rel}"
+
+
+def _walk_local(folder: str, symlinks: str = "follow") -> list[dict]:
+    """Every entry under folder, sorted by posix relative path, joined onto folder as given.
+
+    A regular file is a row to read. Anything else the walk meets is a row with the reason it cannot be read:
+    a FIFO, socket or device (`not_a_file`), a folder it may not list (`unreadable`), a name that is not UTF-8
+    (`bad_uri`), a symlink refused by `symlinks="refuse"` or one that loops back into a folder above it
+    (`symlink`). Followed symlinks are recorded on the rows they lead to.
+    """
     prefix = "file://" if folder.startswith("file://") else ""
-    base = Path(local_path(folder)).as_posix()
-    return [_row(f"{prefix}{base}/{rel}", size, v) for rel, size, v in sorted(found)]
+    root = prefix + Path(local_path(folder)).as_posix()
+    found: list[tuple[str, dict]] = []
+
+    def add(rel: str, **kw) -> None:
+        found.append((rel, _row(_join(root, rel), root=root, **kw)))
+
+    def visit(path: str, rel: str, via: str | None, ancestors: frozenset[tuple[int, int]]) -> None:
+        try:
+            with os.scandir(path) as it:
+                entries = list(it)
+        except OSError as e:
+            if not rel:
+                raise
+            add(rel, symlink=via, problem=Reason.UNREADABLE, detail=f"a folder that cannot be listed: {detail_of(e)}")
+            return
+        for entry in entries:
+            r = f"{rel}/{entry.name}" if rel else entry.name
+            if not _is_utf8(r):
+                add(_shown(r), symlink=via, problem=Reason.BAD_URI, detail="the name is not UTF-8: no uri can name it; rename it")
+                continue
+            link = via
+            try:
+                if entry.is_symlink():
+                    target = os.readlink(entry.path)
+                    if symlinks == "refuse":
+                        add(r, symlink=_join(root, r), problem=Reason.SYMLINK, detail=f"a symlink to {target} (data.ingest.symlinks=refuse)")
+                        continue
+                    link = via or _join(root, r)
+                    try:
+                        st = os.stat(entry.path)
+                    except OSError as e:
+                        add(r, symlink=link, problem=Reason.UNREADABLE, detail=f"a broken symlink to {target}: {detail_of(e)}")
+                        continue
+                else:
+                    st = entry.stat(follow_symlinks=False)
+            except OSError as e:
+                add(r, symlink=link, problem=Reason.UNREADABLE, detail=detail_of(e))
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                key = (st.st_dev, st.st_ino)
+                if key in ancestors:
+                    add(r, symlink=link, problem=Reason.SYMLINK, detail="a symlink loop: it leads back into a folder above it")
+                else:
+                    visit(entry.path, r, link, ancestors | {key})
+            elif stat.S_ISREG(st.st_mode):
+                add(r, size=st.st_size, version=str(st.st_mtime_ns), symlink=link)
+            else:
+                add(r, symlink=link, problem=Reason.NOT_A_FILE, detail=f"a {file_kind(st.st_mode)}, not a regular file")
+
+    top = local_path(folder)
+    st = os.stat(top)
+    visit(top, "", None, frozenset({(st.st_dev, st.st_ino)}))
+    return [row for _, row in sorted(found, key=lambda f: f[0])]
 
 
 def _walk_remote(uri: str, pattern: bool = False) -> list[dict]:
     fs, path = filesystem(uri)
     found = remote_call(uri, fs.glob if pattern else fs.find, path, detail=True)
-    rows = [
-        _row(fs.unstrip_protocol(name), info.get("size"), _version(info))
+    root = uri[: min(uri.find(c) for c in "*?[" if c in uri)].rsplit("/", 1)[0] + "/" if pattern else uri
+    return [
+        _row(fs.unstrip_protocol(name), info.get("size"), _version(info), root=root)
         for name, info in sorted(found.items())
         if info.get("type", "file") == "file" and not name.endswith("/")
     ]
-    return rows
 
 
 def _remote_kind(uri: str) -> str:
@@ -219,16 +388,18 @@ def _remote_kind(uri: str) -> str:
         return "file"
 
 
-def _list_one(uri: str) -> list[dict]:
+def _list_one(uri: str, symlinks: str = "follow") -> list[dict]:
     if any(c in uri for c in "*?[") and not is_local(uri):
         return _expand(_walk_remote(uri, pattern=True))
     if is_local(uri):
         p = local_path(uri)
         if os.path.isdir(p):
-            return _expand(_walk_local(uri.rstrip("/") if uri != "/" else uri))
+            return _expand(_walk_local(uri.rstrip("/") if uri != "/" else uri, symlinks))
         if not os.path.exists(p):
             raise SourceError(f"source {uri}: no such file or folder")
         st = os.stat(p)
+        if not stat.S_ISREG(st.st_mode):
+            return [_row(uri, root=uri, problem=Reason.NOT_A_FILE, detail=f"a {file_kind(st.st_mode)}, not a regular file")]
         size, version = st.st_size, str(st.st_mtime_ns)
     else:
         if _remote_kind(uri) == "dir":
@@ -237,12 +408,12 @@ def _list_one(uri: str) -> list[dict]:
         info = remote_call(uri, fs.info, path)
         size, version = info.get("size"), _version(info)
     if uri.endswith((".txt", ".lst")):
-        return _expand([_row(u) for u in _read_text_list(uri)])
+        return _expand(_read_text_list(uri))
     if uri.endswith(".parquet"):
         return _expand(_read_parquet_list(uri))
     if _is_tar(uri):
-        return list_tar(uri, version)
-    return [_row(uri, size, version)]  # a single object
+        return list_tar(uri, version, uri)
+    return [_row(uri, size, version, root=uri)]  # a single object
 
 
 def _check_one(uri: str) -> None:
@@ -276,16 +447,17 @@ def source_uris(source: str | Sequence[str]) -> list[str]:
     return [source] if isinstance(source, str) else list(source)
 
 
-def list_source(source: str | Sequence[str]) -> pa.Table:
+def list_source(source: str | Sequence[str], symlinks: str = "follow") -> pa.Table:
     """The LISTING of one or more source uris, in the order given (each sorted); a uri listed twice is one row.
 
-    Raises SourceError naming the uri when a store cannot be reached, a bucket or object is missing,
-    access is denied, or a source lists no objects.
+    `symlinks` (data.ingest.symlinks): "follow" walks into symlinked folders, "refuse" lists each symlink as a
+    row rejected `symlink`. Raises SourceError naming the uri when a store cannot be reached, a bucket or
+    object is missing, access is denied, or a source lists no objects.
     """
     rows: list[dict] = []
     for uri in progress(source_uris(source), desc="listing", unit="source"):
         try:
-            found = _list_one(uri)
+            found = _list_one(uri, symlinks)
         except SourceError:
             raise
         except (OSError, RemoteError) as e:
@@ -337,7 +509,7 @@ def write_listing(cfg, out: Path, raw: Path) -> dict:
     """List the configured source into out/listing.parquet and out/source.json (version, counts); return the report."""
     from kiln.stage import write_table
 
-    listing = list_source(resolve_source(cfg, raw))
+    listing = list_source(resolve_source(cfg, raw), cfg.data.ingest.symlinks)
     sizes = [s for s in listing.column("size").to_pylist() if s is not None]
     report = {
         "source": cfg.data.source,
@@ -346,6 +518,7 @@ def write_listing(cfg, out: Path, raw: Path) -> dict:
         "unknown_sizes": listing.num_rows - len(sizes),
         "with_source_caption": listing.num_rows - listing.column("source_caption").null_count,
         "version": listing_version(listing),
+        "problems": dict(sorted(Counter(p for p in listing.column("problem").to_pylist() if p).items())),  # rejected at ingest
     }
     out.mkdir(parents=True, exist_ok=True)
     write_table(listing, out / "listing.parquet")

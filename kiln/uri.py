@@ -1,9 +1,16 @@
 """The one reader: the bytes behind a uri, wherever it lives.
 
 A uri is a local path, an fsspec url (`file://`, `s3://`, `gs://`, `https://`), or a member of a tar
-shard on any of those (`shard.tar::member`). Credentials and endpoints come from where each store's
+shard on any of those: `tar://` + the shard's uri (its `%` and `#` written `%25` and `%23`) + `#` + the
+member's name as stored, e.g. `tar:///data/shard-000.tar#s/000.jpg`, `tar://s3://bucket/shard.tar#000.jpg`.
+Only a uri that starts with `tar://` names a member, so any local file name (`x::y.jpg`, `a#b.png`) means
+itself. Credentials and endpoints come from where each store's
 own client looks (AWS_* variables or ~/.aws, `AWS_ENDPOINT_URL` for S3-compatible stores,
 GOOGLE_APPLICATION_CREDENTIALS or gcloud's files): nothing here takes them, and no uri carries them.
+
+Reading never hangs and never reads without bound: a local path is opened only when it is a regular file
+(a FIFO, socket or device is refused before it is opened, and opened non-blocking in case it was swapped
+since), and a reader given `max_bytes` refuses a larger object from its size before reading it.
 
 WebDataset shards hold thousands of members; `tarfile.getmember` scans the whole archive on every
 call. Each process therefore indexes a shard once (member -> data offset, size) and then reads a
@@ -12,24 +19,31 @@ member with one seek, locally, or one ranged GET, remotely, so reading a shard s
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
+import re
+import stat
 import tarfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
-from pathlib import Path
+from typing import BinaryIO, NamedTuple
 
-TAR_SEP = "::"
+TAR_SCHEME = "tar://"
+CHUNK = 1 << 20  # bytes hashed at a time: a file of any size is hashed in constant memory
 
 
 def tar_uri(tar_path: str, member: str) -> str:
-    return f"{tar_path}{TAR_SEP}{member}"
+    return f"{TAR_SCHEME}{tar_path.replace('%', '%25').replace('#', '%23')}#{member}"
 
 
 def split_uri(uri: str) -> tuple[str, str | None]:
-    """`a.tar::b.jpg` -> ("a.tar", "b.jpg"); a plain path -> (path, None)."""
-    if TAR_SEP in uri:
-        tar_path, member = uri.split(TAR_SEP, 1)
-        return tar_path, member
-    return uri, None
+    """`tar://a.tar#b.jpg` -> ("a.tar", "b.jpg"); any other uri -> (uri, None)."""
+    if not uri.startswith(TAR_SCHEME):
+        return uri, None
+    shard, _, member = uri[len(TAR_SCHEME) :].partition("#")
+    return re.sub("%(25|23)", lambda m: "%" if m.group(1) == "25" else "#", shard), member
 
 
 def is_local(uri: str) -> bool:
@@ -37,7 +51,50 @@ def is_local(uri: str) -> bool:
 
 
 def local_path(uri: str) -> str:
-    return uri[len("file://") :] if uri.startswith("file://") else uri
+    return uri.removeprefix("file://")
+
+
+def within(uri: str, root: str) -> bool:
+    """Whether uri lies under root (a folder, an object-store prefix, a shard or one object), judged on the normalised
+    path, so `..` cannot climb out of it; a tar member lies where its shard does."""
+    uri, root = split_uri(uri)[0], split_uri(root)[0]
+    if is_local(uri) != is_local(root):
+        return False
+    if is_local(uri):
+        p, r = os.path.abspath(local_path(uri)), os.path.abspath(local_path(root))
+        return p == r or p.startswith(r.rstrip("/") + "/")
+    if ".." in uri.split("/"):
+        return False
+    return uri == root or uri.startswith(root if root.endswith("/") else root + "/")
+
+
+class NotARegularFile(OSError):
+    """A FIFO, socket, device or folder where a file was expected; `kind` says which."""
+
+    def __init__(self, uri: str, kind: str):
+        super().__init__(f"{uri}: a {kind}, not a regular file")
+        self.kind = kind
+
+
+class TooLarge(OSError):
+    """An object over `max_bytes`; `size` is its size where known before reading, else None."""
+
+    def __init__(self, uri: str, size: int | None, max_bytes: int):
+        super().__init__(f"{uri}: {size if size is not None else 'more than ' + str(max_bytes)} bytes, over max_bytes={max_bytes}")
+        self.size = size
+
+
+def file_kind(mode: int) -> str:
+    for test, kind in (
+        (stat.S_ISDIR, "folder"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    ):
+        if test(mode):
+            return kind
+    return "regular file" if stat.S_ISREG(mode) else "special file"
 
 
 class RemoteError(OSError):
@@ -62,24 +119,41 @@ def remote_call(uri: str, fn, *args, **kwargs):
         raise FileNotFoundError(f"{uri}: not found ({e})") from e
     except PermissionError as e:
         raise PermissionError(f"{uri}: access denied ({e})") from e
-    except Exception as e:  # noqa: BLE001 - botocore, aiohttp, google-auth: each has its own hierarchy
+    except Exception as e:  # botocore, aiohttp, google-auth: each has its own hierarchy
         raise RemoteError(f"{uri}: {type(e).__name__}: {e}") from e
 
 
+class TarEntry(NamedTuple):
+    offset: int  # of the member's data in the shard; -1 in a compressed shard
+    size: int
+    kind: str  # "file", or what else the member is (symlink, hard link, FIFO, device): never read
+
+
+def _member_kind(m: tarfile.TarInfo) -> str:
+    if m.isfile():
+        return "file"
+    return "symlink" if m.issym() else "hard link" if m.islnk() else "FIFO" if m.isfifo() else "device" if m.isdev() else "special member"
+
+
+def _entries(tf: tarfile.TarFile) -> dict[str, TarEntry]:
+    """Every member but folders, in archive order: name -> where its data is, its size and kind."""
+    return {m.name: TarEntry(m.offset_data, m.size, _member_kind(m)) for m in tf.getmembers() if not m.isdir()}
+
+
 @lru_cache(maxsize=16)
-def _local_tar_index(tar_path: str, mtime_ns: int, size: int) -> dict[str, tuple[int, int]]:
-    """Regular members of one local tar file: name -> (offset of the data, size). Keyed on mtime and size."""
+def _local_tar_index(tar_path: str, mtime_ns: int, size: int) -> dict[str, TarEntry]:
+    """The members of one local tar file, keyed on its mtime and size."""
     with tarfile.open(tar_path, "r:") as tf:  # plain tar only: offsets mean nothing inside a compressed stream
-        return {m.name: (m.offset_data, m.size) for m in tf.getmembers() if m.isfile()}
+        return _entries(tf)
 
 
 @lru_cache(maxsize=16)
-def _remote_tar_index(tar_path: str) -> dict[str, tuple[int, int]]:
+def _remote_tar_index(tar_path: str) -> dict[str, TarEntry]:
     fs, path = filesystem(tar_path)
 
-    def index() -> dict[str, tuple[int, int]]:
+    def index() -> dict[str, TarEntry]:
         with fs.open(path, "rb") as f, tarfile.open(fileobj=f, mode="r:") as tf:
-            return {m.name: (m.offset_data, m.size) for m in tf.getmembers() if m.isfile()}
+            return _entries(tf)
 
     try:
         return remote_call(tar_path, index)
@@ -89,35 +163,57 @@ def _remote_tar_index(tar_path: str) -> dict[str, tuple[int, int]]:
         raise
 
 
-def tar_index(tar_path: str) -> dict[str, tuple[int, int]]:
+def _regular_stat(path: str, uri: str) -> os.stat_result:
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotARegularFile(uri, file_kind(st.st_mode))
+    return st
+
+
+def tar_index(tar_path: str) -> dict[str, TarEntry]:
+    """A plain tar shard's members with their data offsets; tarfile.ReadError for a compressed or broken shard."""
     if is_local(tar_path):
         p = local_path(tar_path)
-        st = os.stat(p)
+        st = _regular_stat(p, tar_path)  # a FIFO named .tar would block tarfile forever
         return _local_tar_index(p, st.st_mtime_ns, st.st_size)
     return _remote_tar_index(tar_path)
 
 
 def _open_tar(tar_path: str) -> tarfile.TarFile:
     if is_local(tar_path):
+        _regular_stat(local_path(tar_path), tar_path)
         return tarfile.open(local_path(tar_path))
     fs, path = filesystem(tar_path)
     return tarfile.open(fileobj=fs.open(path, "rb"))
 
 
-def tar_members(tar_path: str) -> list[str]:
-    """Regular file members of a tar shard in archive order (the order WebDataset writes samples)."""
+def tar_entries(tar_path: str) -> dict[str, TarEntry]:
+    """Every member but folders in archive order (the order WebDataset writes samples); a compressed shard the slow way.
+
+    Raises tarfile.TarError for a file that is no tar (or a broken one), OSError when it cannot be read."""
     try:
-        return list(tar_index(tar_path))
+        return tar_index(tar_path)
     except tarfile.ReadError:  # compressed shard: list it the slow way
         with _open_tar(tar_path) as tf:
-            return [m.name for m in tf.getmembers() if m.isfile()]
+            return {name: e._replace(offset=-1) for name, e in _entries(tf).items()}
 
 
-def _read_compressed_member(tar_path: str, member: str) -> bytes:
+def tar_members(tar_path: str) -> list[str]:
+    """Regular file members of a tar shard in archive order."""
+    return [name for name, e in tar_entries(tar_path).items() if e.kind == "file"]
+
+
+def _read_compressed_member(uri: str, tar_path: str, member: str, max_bytes: int | None) -> bytes:
     with _open_tar(tar_path) as tf:
-        f = tf.extractfile(member)
-        if f is None:
-            raise OSError(f"{tar_uri(tar_path, member)}: not a regular tar member")
+        try:
+            info = tf.getmember(member)
+        except KeyError as e:
+            raise OSError(f"{uri}: no such member in the shard") from e
+        f = tf.extractfile(info)
+        if f is None or not info.isfile():
+            raise NotARegularFile(uri, f"tar {_member_kind(info)}")
+        if max_bytes is not None and info.size > max_bytes:
+            raise TooLarge(uri, info.size, max_bytes)
         return f.read()
 
 
@@ -146,20 +242,20 @@ def _read_checked_member(uri: str, tar_path: str, member: str, offset: int, size
     return block[tarfile.BLOCKSIZE :]
 
 
-def read_bytes(uri: str) -> bytes:
-    """The whole object, or one tar member; any failure is an OSError whose message names the uri."""
-    tar_path, member = split_uri(uri)
-    if member is None:
-        if is_local(uri):
-            return Path(local_path(uri)).read_bytes()
-        fs, path = filesystem(uri)
-        return remote_call(uri, fs.cat_file, path)
+def _read_member(uri: str, tar_path: str, member: str, max_bytes: int | None) -> bytes:
     try:
-        offset, size = tar_index(tar_path)[member]
+        entry = tar_index(tar_path)[member]
     except tarfile.ReadError:
-        return _read_compressed_member(tar_path, member)
-    except (KeyError, tarfile.TarError) as e:
-        raise OSError(f"{uri}: not a regular tar member ({e})") from e
+        return _read_compressed_member(uri, tar_path, member, max_bytes)
+    except KeyError as e:
+        raise OSError(f"{uri}: no such member in the shard") from e
+    except tarfile.TarError as e:
+        raise OSError(f"{uri}: not a readable tar shard ({e})") from e
+    if entry.kind != "file":
+        raise NotARegularFile(uri, f"tar {entry.kind}")
+    if max_bytes is not None and entry.size > max_bytes:
+        raise TooLarge(uri, entry.size, max_bytes)
+    offset, size = entry.offset, entry.size
     if not is_local(tar_path):  # the index is cached per process: check the shard was not replaced since
         return _read_checked_member(uri, tar_path, member, offset, size)
     data = _read_range(tar_path, offset, size)
@@ -168,3 +264,83 @@ def read_bytes(uri: str) -> bytes:
     if len(data) < size:
         raise OSError(f"{uri}: tar member truncated ({len(data)} of {size} bytes)")
     return data
+
+
+def _open_local(uri: str, max_bytes: int | None) -> BinaryIO:
+    """A regular file opened for reading. Checked before opening (opening a FIFO blocks until a writer comes, a
+    device streams forever) and again on the open descriptor, opened non-blocking, in case it was swapped between."""
+    path = local_path(uri)
+    _regular_stat(path, uri)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotARegularFile(uri, file_kind(st.st_mode))
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise TooLarge(uri, st.st_size, max_bytes)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_remote(uri: str, max_bytes: int | None) -> bytes:
+    fs, path = filesystem(uri)
+    if max_bytes is None:
+        return remote_call(uri, fs.cat_file, path)
+
+    def bounded() -> tuple[int | None, bytes]:
+        with fs.open(path, "rb") as f:  # the store's size first, so a huge object is refused unread
+            size = getattr(f, "size", None)
+            if size is not None and size > max_bytes:
+                return size, b""
+            return size, f.read() if size is not None else f.read(max_bytes + 1)
+
+    size, data = remote_call(uri, bounded)
+    if size is not None and size > max_bytes:
+        raise TooLarge(uri, size, max_bytes)
+    if len(data) > max_bytes:
+        raise TooLarge(uri, None, max_bytes)
+    return data
+
+
+@contextmanager
+def open_uri(uri: str, max_bytes: int | None = None) -> Iterator[BinaryIO]:
+    """A seekable binary file of the object's bytes: a local file where it lies (hashed in chunks, never held whole),
+    a remote object or a tar member read into memory, at most `max_bytes` of it (TooLarge beyond).
+
+    Any failure is an OSError whose message names the uri: NotARegularFile, TooLarge, or the OS's or store's error."""
+    tar_path, member = split_uri(uri)
+    try:
+        if member is not None:
+            f: BinaryIO = io.BytesIO(_read_member(uri, tar_path, member, max_bytes))
+        elif is_local(uri):
+            f = _open_local(uri, max_bytes)
+        else:
+            f = io.BytesIO(_read_remote(uri, max_bytes))
+    except ValueError as e:  # a NUL byte in a path
+        raise OSError(f"{uri}: {e}") from e
+    with f:
+        yield f
+
+
+def read_bytes(uri: str, max_bytes: int | None = None) -> bytes:
+    """The whole object, or one tar member; any failure is an OSError whose message names the uri."""
+    with open_uri(uri, max_bytes) as f:
+        data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+    if max_bytes is not None and len(data) > max_bytes:  # a local file that grew after it was opened
+        raise TooLarge(uri, None, max_bytes)
+    return data
+
+
+def md5_of(f: BinaryIO, uri: str, max_bytes: int | None = None) -> tuple[str, int]:
+    """(md5 hex, length) of a file read from its current position in CHUNK-sized pieces, so any size hashes in
+    constant memory; TooLarge once more than max_bytes came (a file that grew after it was opened)."""
+    h, n = hashlib.md5(), 0
+    while chunk := f.read(CHUNK):
+        n += len(chunk)
+        if max_bytes is not None and n > max_bytes:
+            raise TooLarge(uri, None, max_bytes)
+        h.update(chunk)
+    return h.hexdigest(), n

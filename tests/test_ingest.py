@@ -14,7 +14,7 @@ from samples import mixed_files
 from assets.ingest import INPUTS, ingest, list_inputs, uri_id
 from kiln.config import load_config
 from kiln.stage import read_dataset, run_stage
-from kiln.uri import read_bytes
+from kiln.uri import read_bytes, tar_uri
 
 
 def test_folder_is_walked_recursively_in_sorted_posix_order(mixed_folder):
@@ -46,7 +46,7 @@ def test_text_list_parquet_list_and_tar_shards(tmp_path, mixed_folder):
         for f in files[:4]:
             tf.add(mixed_folder / f, arcname=f"{Path(f).stem}.{Path(f).suffix[1:]}")
     uris = list_inputs(shards).column("uri").to_pylist()
-    assert uris[0] == f"{(shards / 'shard-000.tar').as_posix()}::alpha.png" and len(uris) == 4
+    assert uris[0] == f"tar://{(shards / 'shard-000.tar').as_posix()}#alpha.png" and len(uris) == 4
     assert read_bytes(uris[0]) == (mixed_folder / files[0]).read_bytes()
 
 
@@ -63,7 +63,7 @@ def test_manifest_reads_headers_and_rejects_what_is_not_an_image(mixed_folder):
 
 
 def test_unreadable_uris_are_rejected_not_lost(tmp_path):
-    t = pa.Table.from_pylist([{"id": "x", "uri": str(tmp_path / "gone.jpg")}, {"id": "y", "uri": str(tmp_path / "s.tar::m.jpg")}], schema=INPUTS)
+    t = pa.Table.from_pylist([{"id": "x", "uri": str(tmp_path / "gone.jpg")}, {"id": "y", "uri": tar_uri(str(tmp_path / "s.tar"), "m.jpg")}], schema=INPUTS)
     out = ingest(t, load_config())
     assert out.kept.num_rows == 0 and out.rejected.column("reason").to_pylist() == ["unreadable", "unreadable"]
 

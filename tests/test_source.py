@@ -18,6 +18,7 @@ from samples import encoded, real_photos, webdataset_tar
 from assets.ingest import ingest, list_inputs
 from assets.source import LISTING, SourceError, list_source, listing_version, write_listing
 from kiln.config import load_config
+from kiln.uri import split_uri
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def test_a_webdataset_shard_lists_one_row_per_image_with_its_caption_and_metadat
         )
     )
     rows = list_source(str(shard)).to_pylist()
-    assert [r["uri"].split("::")[1] for r in rows] == ["s/000.jpg", "s/001.jpg", "s/002.png", "s/003.txt"]
+    assert [split_uri(r["uri"]) for r in rows] == [(str(shard), m) for m in ("s/000.jpg", "s/001.jpg", "s/002.png", "s/003.txt")]
     assert rows[0]["source_caption"] == "an astronaut in a white suit"
     assert (rows[1]["source_caption"], rows[1]["license"], json.loads(rows[1]["source_meta"])) == ("a cup of coffee", "CC-BY", {"aesthetic": 6.1})
     assert rows[2]["source_caption"] is None and rows[2]["size"] == len(c)
@@ -153,7 +154,7 @@ def test_http_objects_lists_and_shards_are_read_where_they_are(https_root, photo
     (root / "shard.tar").write_bytes(webdataset_tar({"k0": {"jpg": photos["coffee"], "txt": b"coffee"}, "k1": {"jpg": photos["chelsea"]}}))
     pq.write_table(pa.table({"uri": [f"{url}/a.jpg", f"{url}/shard.tar"], "caption": ["an astronaut", None]}), root / "list.parquet")
     listing = list_source(f"{url}/list.parquet")
-    assert listing.column("uri").to_pylist() == [f"{url}/a.jpg", f"{url}/shard.tar::k0.jpg", f"{url}/shard.tar::k1.jpg"]
+    assert listing.column("uri").to_pylist() == [f"{url}/a.jpg", f"tar://{url}/shard.tar#k0.jpg", f"tar://{url}/shard.tar#k1.jpg"]
     out = ingest(listing, load_config())
     assert out.rejected.num_rows == 0
     assert out.kept.column("md5").to_pylist()[1] == hashlib.md5(photos["coffee"]).hexdigest()  # a ranged read of the member

@@ -20,7 +20,7 @@ from kiln.stage import read_dataset
 
 pytestmark = [pytest.mark.s3]
 
-STAGES = ["manifest", "filtered", "deduped", "captioned", "train_set"]
+STAGES = ["manifest", "filtered", "deduped", "captioned", "train_set_pretrain"]
 # The real-data profile with the captions the source carries, and offline stand-ins for the models it has no
 # copy of here (the main job never calls them; the profile still names a model for every model stage).
 WEB_OFFLINE = [
@@ -73,9 +73,9 @@ def lab_bucket(s3, bucket: str) -> dict[str, str]:
         f"{b}/photos/coffee-copy.jpg": "no_caption",
         f"{b}/photos/coffee-small.jpg": "near_duplicate",
         f"{b}/photos/notes.txt": "not_an_image",
-        f"{b}/shards/shard-000.tar::000.jpg": "kept",
-        f"{b}/shards/shard-000.tar::001.jpg": "kept",
-        f"{b}/shards/shard-001.tar::002.jpg": "kept",
+        f"tar://{b}/shards/shard-000.tar#000.jpg": "kept",
+        f"tar://{b}/shards/shard-000.tar#001.jpg": "kept",
+        f"tar://{b}/shards/shard-001.tar#002.jpg": "kept",
         f"{b}/listed/cells.jpg": "kept",
         f"{b}/listed/coins.png": "kept",
         f"{b}/listed/gone.jpg": "unreadable",
@@ -104,7 +104,7 @@ def test_a_prefix_shards_and_a_parquet_list_in_a_bucket_are_listed_and_read_in_p
     assert all(v is not None for v in listing.column("version").to_pylist()[:5])  # ETags as listed
     manifest = ingest(listing, load_config()).kept.to_pylist()
     by_uri = {r["uri"]: r for r in manifest}
-    assert by_uri["s3://lab-listing/shards/shard-000.tar::001.jpg"]["license"] == "CC0"
+    assert by_uri["tar://s3://lab-listing/shards/shard-000.tar#001.jpg"]["license"] == "CC0"
     assert by_uri["s3://lab-listing/listed/cells.jpg"]["source_caption"] == "stained tissue under a microscope"
     assert not any("testing" in json.dumps(r) for r in manifest)  # no credential is written into a manifest
 
