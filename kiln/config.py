@@ -28,6 +28,18 @@ class DemoConfig(Strict):
 
 class IngestConfig(Strict):
     shard_size: int = Field(2000, ge=1, description="files per manifest shard")
+    max_bytes: int = Field(
+        256 * 2**20, ge=1, le=2**40,
+        description="bytes read at most per file (ingest and filter); a larger file is rejected too_large before it is read",
+    )
+    symlinks: Literal["follow", "refuse"] = Field(
+        "follow", description="a symlink met walking a folder: follow it (loops are rejected `symlink`), or reject what it leads to `symlink`"
+    )
+    roots: list[str] = Field(
+        default_factory=list,
+        description="folders or prefixes (`https://`, `s3://bucket/`) that uris in a .txt / Parquet list may name besides the "
+        "list's own folder (a local list) or bucket / host (a remote list); any other uri is rejected outside_roots",
+    )
 
 
 class FilterConfig(Strict):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 
 
@@ -9,11 +10,17 @@ class Reason(StrEnum):
     # ingest: the file itself
     EMPTY_FILE = "empty_file"
     NOT_AN_IMAGE = "not_an_image"
-    UNREADABLE = "unreadable"  # OS error, missing file, bad tar member
+    UNREADABLE = "unreadable"  # OS error, missing file, bad tar member or shard, a folder that cannot be listed
+    NOT_A_FILE = "not_a_file"  # a FIFO, socket, device or folder where a file was listed: never opened, so never a hang
+    TOO_LARGE = "too_large"  # value = bytes, over data.ingest.max_bytes
+    BAD_URI = "bad_uri"  # a list entry that is no uri (null, not a string, a NUL byte), a file name that is not UTF-8
+    OUTSIDE_ROOTS = "outside_roots"  # a uri outside the folder / prefix it was listed from and data.ingest.roots
+    SYMLINK = "symlink"  # reached through a symlink under data.ingest.symlinks=refuse, or a symlink loop
     # filter: decode and measurements
     DECODE_ERROR = "decode_error"  # truncated / corrupt payload
     UNSUPPORTED_FORMAT = "unsupported_format"
-    TOO_MANY_PIXELS = "too_many_pixels"  # decompression-bomb guard
+    TOO_MANY_PIXELS = "too_many_pixels"  # decompression-bomb guard, on the header the file really has
+    CHANGED_SINCE_INGEST = "changed_since_ingest"  # the bytes or header no longer match the manifest row
     TOO_SMALL = "too_small"
     BAD_ASPECT = "bad_aspect"
     LOW_LAPLACIAN = "low_laplacian"  # flat or blurred
@@ -44,3 +51,12 @@ class Reason(StrEnum):
     NOT_IN_MIX = "not_in_mix"  # detail = the mix file: the stage's training set is a mix (midtrain, SFT) and this row is not in it
     # warehouse probe stages (kiln.warehouse.probes): synthetic, for queue tests and benchmarks
     PROBE_REJECT = "probe_reject"
+
+
+_ADDRESS = re.compile(r" (?:object )?at 0x[0-9a-fA-F]+")
+
+
+def detail_of(e: BaseException) -> str:
+    """A reject detail from an exception: its type and message, without memory addresses (`<_io.BytesIO object
+    at 0x7f...>`), so the same input gives the same bytes on every run."""
+    return _ADDRESS.sub("", f"{type(e).__name__}: {e}")
