@@ -11,8 +11,10 @@ import pyarrow.parquet as pq
 
 from dagster_project.metadata import cluster_grids, dedup_groups_grid, stage_metadata, thumbnails
 from dagster_project.resources import KilnResource
+from kiln.config import load_config
 from kiln.executors import execute
-from kiln.lineage import DATA_STEPS, MAIN_CHAIN, PACK, Step, output_hash, step_code_version, step_overrides
+from kiln.ladder import FINAL, rungs
+from kiln.lineage import MAIN_CHAIN, Step, data_steps, default_config, output_hash, step_code_version, step_config_overrides
 from kiln.progress import log as kiln_log
 from kiln.viz import markdown_image
 
@@ -70,20 +72,14 @@ def _stage_asset(st: Step) -> dg.AssetsDefinition:
         description=f"`kiln stage {st.stage}` over {st.upstream}: kept rows + rejected rows with reasons.",
     )
     def _asset(context, kiln: KilnResource) -> dg.MaterializeResult:
-        cfg = kiln.config()
-        if extra := step_overrides(st, kiln.data_dir, cfg.train.mix):  # the step's own inputs (pack: weights, mix)
-            cfg = kiln.config(extra)
+        # a rung's train set composes the rung's own config: its resolution, its mix, the coverage weights
+        cfg = load_config(step_config_overrides(st, kiln.data_dir, kiln.overrides)) if st.rung else kiln.config()
         return run_data_stage(st.stage, kiln.path(st.reads), kiln.path(st.key), cfg, log=context.log.info)
 
     return _asset
 
 
-stage_assets = [_stage_asset(st) for st in DATA_STEPS]  # the lineage's steps (kiln.lineage), main chain first
-
-
-@dg.asset(deps=["train_set"], group_name="training", kinds={"pytorch", "safetensors"}, description="The pretrained DiT: safetensors weights + config, with its loss curve.")
-def checkpoint(context, kiln: KilnResource) -> dg.MaterializeResult:
-    return train_checkpoint(context, kiln.path("train_set"), kiln.path("checkpoint"), kiln.config())
+stage_assets = [_stage_asset(st) for st in data_steps()]  # the lineage's steps (kiln.lineage), main chain first
 
 
 def train_checkpoint(context, data: Path, out: Path, cfg) -> dg.MaterializeResult:
@@ -95,7 +91,12 @@ def train_checkpoint(context, data: Path, out: Path, cfg) -> dg.MaterializeResul
         from training.trainer import train
 
         train(data, out, cfg)
-    md.update(_scalars(json.loads((out / "train_state.json").read_text())))
+    return dg.MaterializeResult(metadata={**md, **checkpoint_metadata(out)})
+
+
+def checkpoint_metadata(out: Path) -> dict:
+    """What a checkpoint folder says about its run: train state, the data it saw, throughput, the loss curve."""
+    md: dict = _scalars(json.loads((out / "train_state.json").read_text()))
     seen = out / "train_data.json"  # the train set version, mix, caption forms drawn and sampling weights it trained on
     if seen.exists():
         data = json.loads(seen.read_text())
@@ -108,7 +109,7 @@ def train_checkpoint(context, data: Path, out: Path, cfg) -> dg.MaterializeResul
     loss_png = out / "loss.png"
     if loss_png.exists():
         md["loss_curve"] = dg.MetadataValue.md(markdown_image(loss_png.read_bytes(), "loss"))
-    return dg.MaterializeResult(metadata=md)
+    return md
 
 
 def _train_on_slurm(context, data: Path, out: Path, cfg) -> dict:
@@ -126,20 +127,23 @@ def _train_on_slurm(context, data: Path, out: Path, cfg) -> dict:
     return {**report.metadata(), "log_tail": dg.MetadataValue.md(f"```\n{report.log_tail}\n```")}
 
 
-@dg.asset(deps=["checkpoint"], group_name="evaluation", kinds={"pytorch", "image"}, description="A grid of samples per demo prompt from the checkpoint.")
+@dg.asset(deps=[FINAL], group_name="evaluation", kinds={"pytorch", "image"}, description="A grid of samples per demo prompt from the checkpoint.")
 def samples(kiln: KilnResource) -> dg.MaterializeResult:
     from training.sampling import sample_to_dir
 
-    grid = sample_to_dir(kiln.path("checkpoint"), kiln.path("samples"), kiln.config())
+    grid = sample_to_dir(kiln.path(FINAL), kiln.path("samples"), kiln.config())
     n = pq.read_metadata(kiln.path("samples") / "samples.parquet").num_rows if (kiln.path("samples") / "samples.parquet").exists() else 0
     return dg.MaterializeResult(metadata={"grid": dg.MetadataValue.md(markdown_image(Path(grid).read_bytes(), "samples")), "images": n, "path": dg.MetadataValue.path(str(grid))})
 
 
-@dg.asset(deps=["checkpoint", "train_set"], group_name="evaluation", kinds={"pytorch"}, description="First evaluation: held-out flow loss, prompt following vs an untrained model, throughput.")
+EVAL_SET = rungs(default_config())[0].train_set  # the first rung's train set: its held-out rows no rung trained on
+
+
+@dg.asset(deps=[FINAL, EVAL_SET], group_name="evaluation", kinds={"pytorch"}, description=f"Held-out flow loss on {EVAL_SET}'s held-out rows, prompt following vs an untrained model, throughput.")
 def evaluation(kiln: KilnResource) -> dg.MaterializeResult:
     from training.evaluate import evaluate
 
-    metrics = evaluate(kiln.path("checkpoint"), kiln.path("train_set"), kiln.path("eval"), kiln.config())
+    metrics = evaluate(kiln.path(FINAL), kiln.path(EVAL_SET), kiln.path("eval"), kiln.config())
     return dg.MaterializeResult(metadata={**_scalars(metrics), "path": dg.MetadataValue.path(str(kiln.path("eval")))})
 
 
@@ -178,9 +182,10 @@ def mixes(kiln: KilnResource) -> dg.MaterializeResult:
     return dg.MaterializeResult(metadata={"mixes": dg.MetadataValue.json(meta), "path": dg.MetadataValue.path(str(out))})
 
 
-_main_steps = {s.key for s in (*MAIN_CHAIN, PACK)}
-MAIN_ASSETS = [raw_images, *(a for a in stage_assets if a.key.to_user_string() in _main_steps), coverage, mixes, checkpoint, samples, evaluation]
-all_assets = [*MAIN_ASSETS, *(a for a in stage_assets if a.key.to_user_string() not in _main_steps)]
+_main_steps = {s.key for s in data_steps() if s in MAIN_CHAIN or s.rung}
+MAIN_DATA_ASSETS = [raw_images, *(a for a in stage_assets if a.key.to_user_string() in _main_steps), coverage, mixes]
+EVAL_ASSETS = [samples, evaluation]
+BRANCH_ASSETS = [a for a in stage_assets if a.key.to_user_string() not in _main_steps]
 
 
 @dg.asset(deps=["manifest"], group_name="warehouse", kinds={"postgres", "duckdb"}, description="The filter stage over the warehouse queue: Postgres when KILN_PG_DSN is set (workers as a Slurm array on a Slurm profile), else the embedded DuckDB path.")
@@ -198,4 +203,4 @@ def filtered_queue(context, kiln: KilnResource) -> dg.MaterializeResult:
     return dg.MaterializeResult(metadata={**stage_metadata(summary, out), "warehouse": "postgres" if dsn else "embedded (duckdb)"})
 
 
-all_assets.append(filtered_queue)
+BRANCH_ASSETS.append(filtered_queue)

@@ -8,9 +8,8 @@ import dagster as dg
 import pyarrow.parquet as pq
 
 from assets.expectations import SuiteResult, validate_dataset
-from dagster_project.ladder import LADDER
 from dagster_project.resources import KilnResource
-from kiln.lineage import DATA_STEPS
+from kiln.lineage import data_steps
 from kiln.stage import Summary, shard_paths
 
 
@@ -57,5 +56,5 @@ def _expectations_check(key: str, suite: str) -> dg.AssetChecksDefinition:
     return _check
 
 
-checked = [(st.key, st.upstream, st.suite) for st in DATA_STEPS] + [(r.train_set, "rewritten", "train_set") for r in LADDER]
+checked = [(st.key, st.upstream, st.suite) for st in data_steps()]
 all_checks = [_accounting_check(key, upstream) for key, upstream, _ in checked] + [_expectations_check(key, suite) for key, _, suite in checked]

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import dagster as dg
 
-from dagster_project.assets import MAIN_ASSETS, all_assets
+from dagster_project.assets import BRANCH_ASSETS, EVAL_ASSETS, MAIN_DATA_ASSETS
 from dagster_project.checks import all_checks
-from dagster_project.ladder import LADDER_KEYS, ladder_assets
+from dagster_project.ladder import ladder_assets
 from dagster_project.progress import kiln_progress_line
 from dagster_project.resources import KilnResource
 from dagster_project.sensors import slurm_jobs, source_changes
+
+MAIN_ASSETS = [*MAIN_DATA_ASSETS, *ladder_assets, *EVAL_ASSETS]
+all_assets = [*MAIN_ASSETS, *BRANCH_ASSETS]
 
 main = dg.define_asset_job(
     "main",
     hooks={kiln_progress_line},
     selection=dg.AssetSelection.assets(*[a.key for a in MAIN_ASSETS]),
-    description="raw images -> curation -> curation models -> OCR-grounded captions -> rewrites -> coverage -> train set -> an evaluated checkpoint (what `kiln run` executes)",
+    description="raw images -> curation -> curation models -> OCR-grounded captions -> rewrites -> coverage -> mixes -> "
+    "a train set and a checkpoint per ladder rung -> the PMA checkpoint -> samples and evaluation (what `kiln run` executes)",
 )
 # Parts of the chain, to rerun one after a change upstream of it has been materialized.
 caption_branch = dg.define_asset_job(
@@ -29,10 +33,11 @@ curation_models = dg.define_asset_job(
     description="embeddings -> pseudo-label classifiers -> SAE tags -> FAISS clusters (with review) -> semantic dedup",
 )
 
-training_ladder = dg.define_asset_job(
-    "training_ladder",
-    selection=dg.AssetSelection.assets(*LADDER_KEYS),
-    description="pretrain 256 -> 512 -> 1024 -> midtrain -> SFT -> PMA: a train set and a checkpoint per rung (GPU cluster work)",
+training = dg.define_asset_job(
+    "training",
+    hooks={kiln_progress_line},
+    selection=dg.AssetSelection.groups("training", "evaluation"),
+    description="the ladder's train sets and checkpoints, the PMA checkpoint, samples and evaluation (after a change to the captions or mixes)",
 )
 
-defs = dg.Definitions(assets=[*all_assets, *ladder_assets], asset_checks=all_checks, jobs=[main, caption_branch, curation_models, training_ladder], sensors=[slurm_jobs, source_changes], resources={"kiln": KilnResource()})
+defs = dg.Definitions(assets=all_assets, asset_checks=all_checks, jobs=[main, caption_branch, curation_models, training], sensors=[slurm_jobs, source_changes], resources={"kiln": KilnResource()})

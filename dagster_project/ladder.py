@@ -1,106 +1,60 @@
-"""The training ladder as assets: 256 -> 512 -> 1024 pretraining, midtraining, SFT and the PMA checkpoint.
+"""The training ladder's checkpoints as assets (the rungs are the config's `ladder`; kiln.ladder).
 
-Each rung is two assets: `train_set_<stage>`, the pack stage over `rewritten` at the stage's resolution
-(`train.resolution`) restricted to its dataset mix (`train.mix`, rows outside it rejected `not_in_mix`),
-and `checkpoint_<stage>`, the trainer on it from the previous rung's weights (`train.init_from`), with its
-config `train=<stage>` (conf/train/<stage>.yaml). `checkpoint_pma` averages the last `train.pma_k` step
-checkpoints of the last rung. On a Slurm profile the checkpoints are Slurm jobs, as the main checkpoint is.
-
-The ladder is its own job (`training_ladder`): a GPU cluster's work, not part of the CPU demo.
+`checkpoint_<rung>` is the trainer on `train_set_<rung>` (a data step of kiln.lineage) from the previous
+rung's checkpoint, with the rung's own config; on a Slurm profile it is a Slurm job. `checkpoint` is the PMA
+of the last rung's last `train.pma_k` step checkpoints: the model samples and evaluation read.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from pathlib import Path
 
 import dagster as dg
 
-from dagster_project.assets import run_data_stage, train_checkpoint
+from dagster_project.assets import checkpoint_metadata, train_checkpoint
 from dagster_project.resources import KilnResource
 from kiln.config import load_config
+from kiln.ladder import FINAL, Rung, checkpoint_overrides, pma_k, rungs
+from kiln.lineage import code_files, code_version, default_config
 
-
-@dataclass(frozen=True)
-class Rung:
-    stage: str  # conf/train/<stage>.yaml
-    previous: str | None  # the rung whose checkpoint starts this one
-
-    @property
-    def train_set(self) -> str:
-        return f"train_set_{self.stage}"
-
-    @property
-    def checkpoint(self) -> str:
-        return f"checkpoint_{self.stage}"
-
-
-LADDER = [
-    Rung("pretrain_256", None),
-    Rung("pretrain_512", "pretrain_256"),
-    Rung("pretrain_1024", "pretrain_512"),
-    Rung("midtrain", "pretrain_1024"),
-    Rung("sft", "midtrain"),
-]
-
-
-def rung_config(kiln: KilnResource, rung: Rung, with_mix: bool = False):
-    """The stage's config: `train=<stage>` under the resource's overrides, then the ladder's wiring: the
-    previous rung's checkpoint as `init_from`, the stage's resolution (and, for its train set, its mix) for pack."""
-    cfg = load_config([f"train={rung.stage}", *kiln.overrides])
-    init_from = str(checkpoint_dir(kiln, rung.previous)) if rung.previous else cfg.train.init_from
-    train = cfg.train.model_copy(update={"init_from": init_from})
-    pack: dict = {"resolution": cfg.train.resolution or cfg.data.pack.resolution, "weights_file": str(kiln.path("coverage") / "weights.parquet")}
-    if with_mix:
-        pack["mix_file"] = mix_file(kiln, cfg.train.mix)
-    data = cfg.data.model_copy(update={"pack": cfg.data.pack.model_copy(update=pack)})
-    return cfg.model_copy(update={"train": train, "data": data})
-
-
-def checkpoint_dir(kiln: KilnResource, stage: str) -> Path:
-    return kiln.path("train") / stage
-
-
-def mix_file(kiln: KilnResource, mix: str | None) -> str | None:
-    """The Parquet of the `mixes` asset for this mix (assets.mixes.write_mixes: OUT/<mix>/part-00000.parquet)."""
-    if mix is None:
-        return None
-    path = kiln.path("mixes") / mix / "part-00000.parquet"
-    if not path.exists():
-        raise FileNotFoundError(f"train.mix={mix} but {path} does not exist: materialize the `mixes` asset first")
-    return str(path)
-
-
-def _train_set_asset(rung: Rung) -> dg.AssetsDefinition:
-    @dg.asset(name=rung.train_set, deps=["rewritten", "coverage", "mixes"], group_name="training_ladder", kinds={"python", "parquet"}, description=f"`kiln stage pack` over rewritten for {rung.stage}: its resolution, its mix, the coverage weights.")
-    def _asset(kiln: KilnResource) -> dg.MaterializeResult:
-        return run_data_stage("pack", kiln.path("rewritten"), kiln.path(rung.train_set), rung_config(kiln, rung, with_mix=True))
-
-    return _asset
+RUNGS = rungs(default_config())
 
 
 def _checkpoint_asset(rung: Rung) -> dg.AssetsDefinition:
-    deps = [rung.train_set] + ([f"checkpoint_{rung.previous}"] if rung.previous else [])
+    deps = [rung.train_set] + ([rung.previous_checkpoint] if rung.previous else [])
 
-    @dg.asset(name=rung.checkpoint, deps=deps, group_name="training_ladder", kinds={"pytorch", "safetensors"}, description=f"The {rung.stage} checkpoint (conf/train/{rung.stage}.yaml), from the previous rung's weights.")
+    @dg.asset(
+        name=rung.checkpoint,
+        deps=deps,
+        group_name="training",
+        kinds={"pytorch", "safetensors"},
+        code_version=code_version(code_files("training.trainer"), {"overrides": checkpoint_overrides(rung, [], "{data}")}),
+        description=f"The {rung.name} rung: the trainer on {rung.train_set} (conf/train/{rung.train}.yaml{' + overrides' if rung.overrides else ''})"
+        + (f", from {rung.previous_checkpoint}'s weights." if rung.previous else "."),
+    )
     def _asset(context, kiln: KilnResource) -> dg.MaterializeResult:
-        cfg = rung_config(kiln, rung)
-        return train_checkpoint(context, kiln.path(rung.train_set), checkpoint_dir(kiln, rung.stage), cfg)
+        cfg = load_config(checkpoint_overrides(rung, kiln.overrides, kiln.data_dir))
+        return train_checkpoint(context, kiln.path(rung.train_set), kiln.path(rung.checkpoint), cfg)
 
     return _asset
 
 
-@dg.asset(deps=[LADDER[-1].checkpoint], group_name="training_ladder", kinds={"pytorch", "safetensors"}, description="PMA: the average of the last train.pma_k step checkpoints of the last rung (replaces an EMA).")
-def checkpoint_pma(kiln: KilnResource) -> dg.MaterializeResult:
-    from training.pma import pma_from_run
+@dg.asset(
+    name=FINAL,
+    deps=[RUNGS[-1].checkpoint],
+    group_name="training",
+    kinds={"pytorch", "safetensors"},
+    code_version=code_version(code_files("training.final_checkpoint")),
+    description=f"The model: PMA, the average of {RUNGS[-1].checkpoint}'s last train.pma_k step checkpoints (in place of an EMA).",
+)
+def final_checkpoint(kiln: KilnResource) -> dg.MaterializeResult:
+    from training.final_checkpoint import write_final_checkpoint
 
-    last = LADDER[-1]
-    cfg = rung_config(kiln, last)
-    out = pma_from_run(checkpoint_dir(kiln, last.stage), max(cfg.train.pma_k, 1), kiln.path("train") / "pma")
+    last = RUNGS[-1]
+    out = write_final_checkpoint(kiln.path(last.checkpoint), pma_k(kiln.config(), kiln.overrides), kiln.path(FINAL))
     info = json.loads((out / "pma.json").read_text())
-    return dg.MaterializeResult(metadata={"path": dg.MetadataValue.path(str(out)), "k": info["k"], "steps": dg.MetadataValue.json(info["steps"])})
+    md = {"path": dg.MetadataValue.path(str(out)), "pma_k": info["k"], "pma_steps": dg.MetadataValue.json(info["steps"]), "rung": last.name}
+    return dg.MaterializeResult(metadata={**md, **checkpoint_metadata(out)})
 
 
-ladder_assets = [factory(r) for r in LADDER for factory in (_train_set_asset, _checkpoint_asset)] + [checkpoint_pma]
-LADDER_KEYS = [r.train_set for r in LADDER] + [r.checkpoint for r in LADDER] + ["checkpoint_pma"]
+ladder_assets = [*(_checkpoint_asset(r) for r in RUNGS), final_checkpoint]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 from pathlib import Path
 
 import dagster as dg
@@ -17,6 +18,7 @@ import dagster as dg
 from assets.source import check_source, source_uris
 from dagster_project.progress import QUIET_CONSOLE, kiln_progress_line
 from dagster_project.resources import KilnResource
+from kiln.config import ConfigError
 from kiln.paths import data_dir
 
 
@@ -31,13 +33,22 @@ def dagster_home() -> Path:
 def job_for(select: list[str] | None, everything: bool) -> dg.JobDefinition:
     """`main`, or an ad hoc job over the same definitions: the named assets, or every asset outside the ladder."""
     from dagster_project import definitions as d
-    from dagster_project.assets import all_assets
 
     if not select and not everything:
         return d.defs.resolve_job_def("main")
-    keys = [dg.AssetKey(k) for k in select] if select else [a.key for a in all_assets]
+    keys = [dg.AssetKey(k) for k in select] if select else [a.key for a in d.all_assets]
     adhoc = dg.define_asset_job("kiln_run", selection=dg.AssetSelection.assets(*keys), hooks={kiln_progress_line})
     return dg.Definitions(assets=d.defs.assets, asset_checks=d.defs.asset_checks, jobs=[adhoc], resources=d.defs.resources).resolve_job_def("kiln_run")
+
+
+def check_graph_profile(cfg) -> None:
+    """The definitions' ladder is the one this run's config asks for (they are built once per process)."""
+    from kiln.ladder import rungs
+    from kiln.lineage import default_config
+
+    built, asked = [r.name for r in rungs(default_config())], [r.name for r in rungs(cfg)]
+    if built != asked:
+        raise ConfigError(f"the Dagster graph was built for the ladder {built}, this run asks for {asked}: set KILN_OVERRIDES to the run's overrides before the definitions load")
 
 
 def materialize_all(overrides: list[str] | None = None, select: list[str] | None = None, everything: bool = False) -> bool:
@@ -45,6 +56,8 @@ def materialize_all(overrides: list[str] | None = None, select: list[str] | None
     dagster_home()
     resource = KilnResource(overrides=list(overrides or []), data_dir=str(data_dir()))
     cfg = resource.config()  # a config that cannot run fails here, before any asset
+    os.environ["KILN_OVERRIDES"] = shlex.join(resource.overrides)  # the graph (its ladder, its code versions) is this profile's
+    check_graph_profile(cfg)
     check_source([u for u in source_uris(cfg.data.source) if u != "demo"])  # and so does a source that cannot be read
     logging.getLogger().setLevel(logging.WARNING)  # one line per asset says it (progress.py); details stay in the event log
     result = job_for(select, everything).execute_in_process(

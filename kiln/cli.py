@@ -51,6 +51,15 @@ def cmd_coverage(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pma(args: argparse.Namespace) -> int:
+    from kiln.ladder import pma_k
+    from training.final_checkpoint import write_final_checkpoint
+
+    k = args.k or pma_k(_cfg(args.overrides), args.overrides)
+    print(write_final_checkpoint(Path(args.run), k, Path(args.out)))
+    return 0
+
+
 def cmd_mixes(args: argparse.Namespace) -> int:
     import json
 
@@ -145,6 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
     mx.add_argument("--weights", default=None, help="the coverage weights (OUT/weights.parquet of `kiln coverage`)")
     mx.add_argument("overrides", nargs="*")
     mx.set_defaults(fn=cmd_mixes)
+
+    pm = sub.add_parser("pma", help="the ladder's final checkpoint: the average of a run's last K step checkpoints (PMA)")
+    pm.add_argument("--run", required=True, help="the last rung's checkpoint folder (its dcp/ step checkpoints)")
+    pm.add_argument("--out", required=True)
+    pm.add_argument("--k", type=int, default=None, help="default: the last ladder rung's train.pma_k (at least 1)")
+    pm.add_argument("overrides", nargs="*")
+    pm.set_defaults(fn=cmd_pma)
 
     dv = sub.add_parser("dvc", help="write dvc.yaml and params.yaml from the lineage (kiln/lineage.py) and the default config")
     dv.add_argument("action", choices=["write"])

@@ -458,6 +458,30 @@ class MetricsConfig(Strict):
     history: str | None = Field(None, description="CSV kept across checkpoints (one row per step); None = only out/history.csv")
 
 
+# --------------------------------------------------------------------------------------------- ladder
+class RungConfig(Strict):
+    """One rung of the training ladder (kiln.ladder): a train set packed at its resolution from its mix,
+    and a checkpoint trained on it from the previous rung's weights."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="assets train_set_<name> and checkpoint_<name>")
+    train: str = Field(description="the train config of this rung: conf/train/<train>.yaml")
+    overrides: list[str] = Field(default_factory=list, description="Hydra overrides of this rung after its train file (e.g. train.steps=500)")
+
+
+class LadderConfig(Strict):
+    """The rungs in order; the PMA of the last rung's last `train.pma_k` step checkpoints is `checkpoint`,
+    the model that samples and evaluation read."""
+
+    rungs: list[RungConfig] = Field(default_factory=lambda: [RungConfig(name="pretrain", train="demo")], min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "LadderConfig":
+        names = [r.name for r in self.rungs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"rung names repeat: {names}")
+        return self
+
+
 class KilnConfig(Strict):
     seed: int = 0
     data: DataConfig = DataConfig()
@@ -465,6 +489,7 @@ class KilnConfig(Strict):
     train: TrainConfig = TrainConfig()
     cluster: ClusterConfig = ClusterConfig()
     metrics: MetricsConfig = MetricsConfig()
+    ladder: LadderConfig = LadderConfig()
 
 
 # -------------------------------------------------------------------------------------------- compose
@@ -472,7 +497,7 @@ class ConfigError(ValueError):
     """A config that does not validate; the message names each bad key and where it came from."""
 
 
-GROUPS = ("data", "model", "train", "cluster", "metrics")
+GROUPS = ("data", "model", "train", "cluster", "metrics", "ladder")
 
 
 def conf_dir() -> Path:

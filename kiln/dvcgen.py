@@ -14,7 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from kiln.lineage import DATA_STEPS, PACK, code_files, default_config, stage_code_files, step_overrides
+from kiln.ladder import FINAL, checkpoint_overrides, rungs
+from kiln.lineage import code_files, data_steps, stage_code_files, step_config_overrides
 from kiln.paths import REPO_ROOT
 
 DATA = "data"
@@ -37,36 +38,41 @@ def _config_files(key: str, cfg) -> list[str]:
     return files
 
 
-def _source_stages(cfg) -> dict:
+def _source_stages(cfg, user: list[str]) -> dict:
     uses_demo = "demo" in ([cfg.data.source] if isinstance(cfg.data.source, str) else list(cfg.data.source or []))
     stages: dict = {}
     if uses_demo:
-        stages["demo_corpus"] = _stage(f"kiln demo-data --out {DATA}/raw", list(code_files("assets.demo_corpus")), ["data.demo"], [f"{DATA}/raw"])
+        stages["demo_corpus"] = _stage(_cmd(f"kiln demo-data --out {DATA}/raw", user), list(code_files("assets.demo_corpus")), ["data.demo"], [f"{DATA}/raw"])
     deps = ([f"{DATA}/raw"] if uses_demo else []) + list(code_files("assets.source"))
-    stages["raw_images"] = _stage(f"kiln source --out {DATA}/source", deps, ["data.source"], [f"{DATA}/source"], always_changed=True)
+    stages["raw_images"] = _stage(_cmd(f"kiln source --out {DATA}/source", user), deps, ["data.source"], [f"{DATA}/source"], always_changed=True)
     return stages
 
 
-def _data_stages(cfg) -> dict:
+def _cmd(base: str, overrides: list[str]) -> str:
+    return " ".join([base, *(_quoted(o) for o in overrides)])
+
+
+def _data_stages(cfg, user: list[str]) -> dict:
     stages: dict = {}
-    for s in DATA_STEPS:
-        cmd = " ".join([f"kiln stage {s.stage} --input {DATA}/{s.reads} --output {DATA}/{s.key}", *step_overrides(s, DATA, cfg.train.mix)])
+    for s in data_steps(cfg):
+        cmd = _cmd(f"kiln stage {s.stage} --input {DATA}/{s.reads} --output {DATA}/{s.key}", step_config_overrides(s, DATA, user))
         inputs = [f"{DATA}/{s.upstream if s.upstream_path is None else s.upstream_path.split('/')[0]}"]
-        inputs += [f"{DATA}/{d}" for d in s.extra_deps if d != "mixes" or (s is PACK and cfg.train.mix)]
-        stages[s.key] = _stage(cmd, inputs + _config_files(s.key, cfg) + list(stage_code_files(s.stage)), list(s.params), [f"{DATA}/{s.key}"])
+        inputs += [f"{DATA}/{d}" for d in s.extra_deps]
+        rung_files = [f"conf/train/{s.rung.train}.yaml"] if s.rung else []
+        stages[s.key] = _stage(cmd, inputs + _config_files(s.key, cfg) + rung_files + list(stage_code_files(s.stage)), list(s.params), [f"{DATA}/{s.key}"])
     return stages
 
 
-def _pool_stages(cfg) -> dict:
+def _pool_stages(cfg, user: list[str]) -> dict:
     return {
         "coverage": _stage(
-            f"kiln coverage --input {DATA}/rewritten --out {DATA}/coverage",
+            _cmd(f"kiln coverage --input {DATA}/rewritten --out {DATA}/coverage", user),
             [f"{DATA}/rewritten", cfg.data.concepts.path, *code_files("assets.concepts")],
             ["data.concepts"],
             [f"{DATA}/coverage"],
         ),
         "mixes": _stage(
-            f"kiln mixes --input {DATA}/rewritten --out {DATA}/mixes --weights {DATA}/coverage/weights.parquet",
+            _cmd(f"kiln mixes --input {DATA}/rewritten --out {DATA}/mixes --weights {DATA}/coverage/weights.parquet", user),
             [f"{DATA}/rewritten", f"{DATA}/coverage", *code_files("assets.mixes")],
             ["data.mixes"],
             [f"{DATA}/mixes"],
@@ -74,31 +80,37 @@ def _pool_stages(cfg) -> dict:
     }
 
 
-def _training_stages(cfg) -> dict:
+def _training_stages(cfg, user: list[str]) -> dict:
     history = cfg.metrics.history
     eval_outs: list = [f"{DATA}/eval"]
     if history:
         eval_outs.append({str(Path(history).parent): {"persist": True, "cache": False}})  # one row per evaluated checkpoint
-    return {
-        "checkpoint": _stage(
-            f"kiln train --data {DATA}/train_set --out {DATA}/checkpoint",
-            [f"{DATA}/train_set", *code_files("training.trainer")],
-            ["seed", "model", "train", "data.rewrite.form_probs"],
-            [f"{DATA}/checkpoint"],
-        ),
-        "samples": _stage(
-            f"kiln sample --checkpoint {DATA}/checkpoint --out {DATA}/samples",
-            [f"{DATA}/checkpoint", *code_files("training.sampling")],
-            ["train.sample"],
-            [f"{DATA}/samples"],
-        ),
-        "evaluation": _stage(
-            f"kiln eval --checkpoint {DATA}/checkpoint --data {DATA}/train_set --out {DATA}/eval",
-            [f"{DATA}/checkpoint", f"{DATA}/train_set", *code_files("training.evaluate")],
-            ["train.eval", "train.sample", "metrics"],
-            eval_outs,
-        ),
-    }
+    ladder = rungs(cfg)
+    stages: dict = {}
+    for r in ladder:
+        deps = [f"{DATA}/{r.train_set}", *([f"{DATA}/{r.previous_checkpoint}"] if r.previous else []), f"conf/train/{r.train}.yaml", *code_files("training.trainer")]
+        cmd = _cmd(f"kiln train --data {DATA}/{r.train_set} --out {DATA}/{r.checkpoint}", checkpoint_overrides(r, user, DATA))
+        stages[r.checkpoint] = _stage(cmd, deps, ["seed", "model", "ladder", "data.rewrite.form_probs"], [f"{DATA}/{r.checkpoint}"])
+    eval_set = ladder[0].train_set  # its held-out rows are the ones no rung trained on
+    stages[FINAL] = _stage(
+        _cmd(f"kiln pma --run {DATA}/{ladder[-1].checkpoint} --out {DATA}/{FINAL}", user),
+        [f"{DATA}/{ladder[-1].checkpoint}", *code_files("training.final_checkpoint")],
+        ["ladder"],
+        [f"{DATA}/{FINAL}"],
+    )
+    stages["samples"] = _stage(
+        _cmd(f"kiln sample --checkpoint {DATA}/{FINAL} --out {DATA}/samples", user),
+        [f"{DATA}/{FINAL}", *code_files("training.sampling")],
+        ["train.sample"],
+        [f"{DATA}/samples"],
+    )
+    stages["evaluation"] = _stage(
+        _cmd(f"kiln eval --checkpoint {DATA}/{FINAL} --data {DATA}/{eval_set} --out {DATA}/eval", user),
+        [f"{DATA}/{FINAL}", f"{DATA}/{eval_set}", *code_files("training.evaluate")],
+        ["train.eval", "train.sample", "metrics"],
+        eval_outs,
+    )
+    return stages
 
 
 def render(overrides: list[str] | None = None) -> tuple[str, str]:
@@ -107,16 +119,13 @@ def render(overrides: list[str] | None = None) -> tuple[str, str]:
     from kiln.config import load_config
 
     overrides = list(overrides or [])
-    cfg = load_config(overrides) if overrides else default_config()
-    stages = {**_source_stages(cfg), **_data_stages(cfg), **_pool_stages(cfg), **_training_stages(cfg)}
-    if overrides:
-        suffix = " " + " ".join(_quoted(o) for o in overrides)
-        stages = {name: {**st, "cmd": st["cmd"] + suffix} for name, st in stages.items()}
+    cfg = load_config(overrides)
+    stages = {**_source_stages(cfg, overrides), **_data_stages(cfg, overrides), **_pool_stages(cfg, overrides), **_training_stages(cfg, overrides)}
     doc = {
         "stages": stages,
-        "metrics": [f"{DATA}/{k}/summary.json" for k in ("manifest", *(s.key for s in DATA_STEPS))] + [f"{DATA}/eval/metrics.json"],
+        "metrics": [f"{DATA}/{s.key}/summary.json" for s in data_steps(cfg)] + [f"{DATA}/eval/metrics.json"],
         "plots": [
-            {"loss": {"template": "linear", "x": "step", "y": {f"{DATA}/checkpoint/loss.csv": ["loss"]}}},
+            *({f"loss_{r.name}": {"template": "linear", "x": "step", "y": {f"{DATA}/{r.checkpoint}/loss.csv": ["loss"]}}} for r in rungs(cfg)),
             {"eval_history": {"x": "step", "y": {f"{DATA}/eval/history.csv": ["heldout_loss"]}}},
         ],
     }

@@ -7,18 +7,26 @@ code version of each come from the same row. No Dagster import here.
 
 The main chain is the design's: raw images -> manifest -> filtered -> deduped -> embedded -> classified ->
 saed -> clustered (review honoured) -> semdeduped -> ocr -> text_filtered -> captioned (OCR-grounded) ->
-rewritten -> coverage -> mixes -> train_set -> checkpoint -> samples, evaluation. Each step reads its
-upstream's kept rows; nothing beside the chain feeds training.
+rewritten -> coverage -> mixes -> a train set and a checkpoint per ladder rung (kiln.ladder) -> checkpoint
+(the PMA of the last rung) -> samples, evaluation. Each step reads its upstream's kept rows; nothing beside
+the chain feeds training.
+
+The rungs come from the config's `ladder`, so the graph is the one of the profile it is built for:
+`conf/` composed with the overrides in KILN_OVERRIDES (`kiln run` sets it from its own arguments; set it
+for `dagster dev` to see a profile's ladder and code versions).
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import os
+import shlex
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from kiln.ladder import Rung, rungs, train_set_overrides
 from kiln.paths import REPO_ROOT
 
 
@@ -32,7 +40,7 @@ class Step:
     params: tuple[str, ...] = ()  # config sections that change its output (dotted, e.g. data.filters)
     upstream_path: str | None = None  # what it reads, under data/; default: the upstream's folder
     extra_deps: tuple[str, ...] = ()  # other assets it reads (coverage weights, mixes)
-    overrides: tuple[str, ...] = ()  # config overrides naming those inputs; `{data}` is the artifact root
+    rung: Rung | None = None  # a ladder rung's train set: its config comes from kiln.ladder
 
     @property
     def reads(self) -> str:
@@ -53,29 +61,37 @@ MAIN_CHAIN = [
     Step("captioned", "caption_ocr", "text_filtered", "captions", "ocr_captioned", ("data.caption", "data.ocr.engine")),
     Step("rewritten", "rewrite", "captioned", "captions", "rewritten", ("data.rewrite",)),
 ]
-PACK = Step(
-    "train_set", "pack", "rewritten", "training", "train_set", ("data.pack",),
-    extra_deps=("coverage", "mixes"), overrides=("data.pack.weights_file={data}/coverage/weights.parquet",),
-)  # fmt: skip
 BRANCHES = [
     Step("prompt_pairs", "prompt_pairs", "rewritten", "captions", "prompt_pairs", ("data.rewrite",)),
 ]
-DATA_STEPS = [*MAIN_CHAIN, PACK, *BRANCHES]
 
 
-def step_overrides(s: Step, data_root: str, train_mix: str | None = None) -> list[str]:
-    """The overrides that point a step at its extra inputs; a train set restricted to a mix (train.mix) reads it."""
-    out = [o.format(data=data_root) for o in s.overrides]
-    if "mixes" in s.extra_deps and train_mix:
-        out.append(f"data.pack.mix_file={data_root}/mixes/{train_mix}/part-00000.parquet")
-    return out
+def graph_overrides() -> list[str]:
+    """The overrides of the profile the graph is built for (KILN_OVERRIDES, shell-quoted), default none."""
+    return shlex.split(os.environ.get("KILN_OVERRIDES", ""))
 
 
-def step(key: str) -> Step:
-    for s in DATA_STEPS:
+def ladder_steps(cfg) -> list[Step]:
+    """A train set per ladder rung: the pack stage over rewritten at the rung's resolution and mix."""
+    return [Step(r.train_set, "pack", "rewritten", "training", "train_set", ("data.pack", "ladder"), extra_deps=("coverage", "mixes"), rung=r) for r in rungs(cfg)]
+
+
+def data_steps(cfg=None) -> list[Step]:
+    """Every data step of the graph: the main chain, the ladder's train sets, the branches."""
+    return [*MAIN_CHAIN, *ladder_steps(cfg or default_config()), *BRANCHES]
+
+
+def step_config_overrides(s: Step, data_root: str, user: list[str]) -> list[str]:
+    """All the overrides a step composes its config from: the user's, and a rung's own (kiln.ladder)."""
+    return train_set_overrides(s.rung, user, data_root) if s.rung else list(user)
+
+
+def step(key: str, cfg=None) -> Step:
+    steps = data_steps(cfg)
+    for s in steps:
         if s.key == key:
             return s
-    raise KeyError(f"no data step {key!r}; steps: {', '.join(s.key for s in DATA_STEPS)}")
+    raise KeyError(f"no data step {key!r}; steps: {', '.join(s.key for s in steps)}")
 
 
 # ----------------------------------------------------------------------------------- code and versions
@@ -142,20 +158,23 @@ def code_version(files: tuple[str, ...], params: dict | None = None) -> str:
 
 @lru_cache(maxsize=1)
 def default_config():
-    """The config `conf/` composes without overrides (the default profile), composed once per process."""
+    """The config of the graph's profile (`conf/` with KILN_OVERRIDES), composed once per process."""
     from kiln.config import load_config
 
-    return load_config()
+    return load_config(graph_overrides())
 
 
 def step_code_version(s: Step, cfg=None) -> str:
     """A step's Dagster code version: its stage's code files and the values of its config sections under the
     default profile (`conf/`), so editing either marks the asset, and everything after it, stale."""
-    from kiln.config import ConfigError
+    from kiln.config import ConfigError, load_config
 
     try:
         cfg = cfg or default_config()
-        params = {p: config_section(cfg, p) for p in s.params}
+        if s.rung:  # a rung's train set: its own composed config, and the overrides that make it
+            overrides = step_config_overrides(s, "{data}", graph_overrides())
+            cfg = load_config(overrides)
+        params = {p: config_section(cfg, p) for p in s.params} | ({"overrides": overrides} if s.rung else {})
     except (ConfigError, AttributeError):  # no composable default here: the code alone versions the step
         params = {}
     return code_version(stage_code_files(s.stage), params)

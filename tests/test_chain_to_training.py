@@ -8,12 +8,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from assets.cluster import review_rows, set_decision
-from kiln.lineage import MAIN_CHAIN, PACK
+from kiln.config import load_config
+from kiln.lineage import MAIN_CHAIN, ladder_steps
 from kiln.stage import read_dataset
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-CHAIN = ["raw_images", *[s.key for s in MAIN_CHAIN], "coverage", "mixes", PACK.key]
+PACKS = ladder_steps(load_config([]))  # a train set per ladder rung (conf/ladder/demo.yaml: pretrain, sft)
+CHAIN = ["raw_images", *[s.key for s in MAIN_CHAIN], "coverage", "mixes", *[p.key for p in PACKS]]
 # the demo's low_quality head rejects at p >= 0.3 here and semantic dedup merges at cosine 0.99, so that each rejects something
 OVERRIDES = ["data.demo.n=240", "data.classify.heads.0.threshold=0.3", "data.clustering.semdedup_threshold=0.99"]
 
@@ -31,7 +33,9 @@ def rejected(root, step: str, reason: str) -> set[str]:
 
 
 def trained_ids(root) -> set[str]:
-    ids = set(read_dataset(root / "data" / "train_set" / "kept").column("id").to_pylist())
+    ids = set()
+    for p in PACKS:
+        ids |= set(read_dataset(root / "data" / p.key / "kept").column("id").to_pylist())
     for mix in (root / "data" / "mixes").glob("*/part-00000.parquet"):
         ids |= set(pq.read_table(mix, columns=["id"]).column("id").to_pylist())
     return ids
@@ -74,7 +78,7 @@ def test_every_listed_object_is_trained_on_or_rejected_with_a_reason(chain):
     root, _, _ = chain
     listed = set(pq.read_table(root / "data" / "source" / "listing.parquet", columns=["id"]).column("id").to_pylist())
     rejects = set()
-    for step in [*MAIN_CHAIN, PACK]:
+    for step in [*MAIN_CHAIN, PACKS[0]]:  # the first rung trains on the whole pool (its mix: pretrain)
         rejects |= {r["id"] for r in read_dataset(root / "data" / step.key / "rejected").to_pylist()}
-    kept = set(read_dataset(root / "data" / "train_set" / "kept").column("id").to_pylist())
+    kept = set(read_dataset(root / "data" / PACKS[0].key / "kept").column("id").to_pylist())
     assert kept | rejects == listed and not kept & rejects

@@ -8,29 +8,31 @@ import pytest
 from dagster_project.definitions import defs
 from dagster_project.resources import KilnResource
 
-ARTIFACTS = ["raw_images", "manifest", "filtered", "deduped", "captioned", "train_set", "checkpoint", "samples", "evaluation"]
+ARTIFACTS = ["raw_images", "manifest", "filtered", "deduped", "captioned", "train_set_pretrain", "checkpoint_pretrain", "checkpoint", "samples", "evaluation"]
 
 
 def test_definitions_show_every_artifact_from_raw_images_to_the_evaluation():
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     assert set(ARTIFACTS) <= keys
-    assert graph.get(dg.AssetKey("evaluation")).parent_keys == {dg.AssetKey("checkpoint"), dg.AssetKey("train_set")}
+    # evaluation reads the model and the first rung's train set, whose held-out rows no rung trained on
+    assert graph.get(dg.AssetKey("evaluation")).parent_keys == {dg.AssetKey("checkpoint"), dg.AssetKey("train_set_pretrain")}
 
 
 def test_every_data_asset_has_an_accounting_check_and_a_great_expectations_check():
     checks = {(k.asset_key.to_user_string(), k.name) for k in defs.resolve_asset_graph().asset_check_keys}
-    for asset in ["manifest", "filtered", "deduped", "captioned", "train_set"]:
+    for asset in ["manifest", "filtered", "deduped", "captioned", "train_set_pretrain", "train_set_sft"]:
         assert (asset, "rows_accounted_for") in checks and (asset, "great_expectations") in checks
 
 
 @pytest.mark.integration
 def test_the_data_assets_materialize_with_passing_checks(tmp_path, monkeypatch):
     from dagster_project.run import job_for
-    from kiln.lineage import MAIN_CHAIN, PACK, output_hash
+    from kiln.config import load_config
+    from kiln.lineage import MAIN_CHAIN, ladder_steps, output_hash
 
     monkeypatch.chdir(tmp_path)
-    data_steps = [*MAIN_CHAIN, PACK]
+    data_steps = [*MAIN_CHAIN, *ladder_steps(load_config([]))]
     result = job_for(["raw_images", *[s.key for s in data_steps], "coverage", "mixes"], everything=False).execute_in_process(
         run_config={"resources": {"kiln": {"config": {"overrides": ["data.demo.n=80"], "data_dir": str(tmp_path / "data")}}}},
         instance=dg.DagsterInstance.ephemeral(),
@@ -48,12 +50,12 @@ def test_the_data_assets_materialize_with_passing_checks(tmp_path, monkeypatch):
 @pytest.mark.slurm
 @pytest.mark.integration
 def test_a_failing_slurm_training_job_fails_the_checkpoint_with_its_log_tail(slurm_cluster, tmp_path, monkeypatch):
-    from dagster_project.assets import checkpoint
+    from dagster_project.ladder import ladder_assets
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "data" / "train_set").mkdir(parents=True)  # no shards: the trainer fails inside the job
+    (tmp_path / "data" / "train_set_pretrain").mkdir(parents=True)  # no shards: the trainer fails inside the job
     result = dg.materialize(
-        [checkpoint],
+        [ladder_assets[0]],
         resources={"kiln": KilnResource(overrides=["cluster=test", f"cluster.log_dir={tmp_path / 'slurm'}", "cluster.poll_s=0.3"], data_dir=str(tmp_path / "data"))},
         instance=dg.DagsterInstance.ephemeral(),
         raise_on_error=False,

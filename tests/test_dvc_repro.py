@@ -14,7 +14,8 @@ import yaml
 from kiln.lineage import MAIN_CHAIN, output_hash
 from kiln.paths import REPO_ROOT
 
-DATA_STAGES = ["demo_corpus", "raw_images", *[s.key for s in MAIN_CHAIN], "coverage", "train_set"]  # what `dvc repro train_set` runs
+TARGET = "train_set_pretrain"  # the first ladder rung's train set
+DATA_STAGES = ["demo_corpus", "raw_images", *[s.key for s in MAIN_CHAIN], "coverage", "mixes", TARGET]  # what `dvc repro TARGET` runs
 
 
 def _outs(lock: Path) -> dict[str, list[tuple[str, str]]]:
@@ -40,17 +41,17 @@ def test_dvc_repro_on_a_fresh_copy_reproduces_the_pinned_data_stages(tmp_path):
     pinned = _outs(repo / "dvc.lock") if (repo / "dvc.lock").exists() else None
     (repo / "dvc.lock").unlink(missing_ok=True)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1", "KILN_CONF": str(repo / "conf")}
-    subprocess.run([str(Path(sys.executable).parent / "dvc"), "repro", "--quiet", "train_set"], cwd=repo, env=env, check=True, timeout=900)
+    subprocess.run([str(Path(sys.executable).parent / "dvc"), "repro", "--quiet", TARGET], cwd=repo, env=env, check=True, timeout=900)
     first = _outs(repo / "dvc.lock")
     assert set(first) == set(DATA_STAGES)
     if pinned is not None:
         assert first == pinned, "dvc repro on a fresh copy must give the md5s that dvc.lock pins"
 
-    for stage in ("manifest", "filtered", "train_set"):  # Dagster's data version of a step is the hash dvc.lock records
+    for stage in ("manifest", "filtered", TARGET):  # Dagster's data version of a step is the hash dvc.lock records
         assert dict(first[stage])[f"data/{stage}"] == output_hash(repo / "data" / stage)
 
     shutil.rmtree(repo / "data")
     shutil.rmtree(repo / ".dvc" / "cache", ignore_errors=True)  # no cache to restore from: really recompute
-    subprocess.run([str(Path(sys.executable).parent / "dvc"), "repro", "--quiet", "--force", "--no-run-cache", "train_set"], cwd=repo, env=env, check=True, timeout=900)
+    subprocess.run([str(Path(sys.executable).parent / "dvc"), "repro", "--quiet", "--force", "--no-run-cache", TARGET], cwd=repo, env=env, check=True, timeout=900)
     assert _outs(repo / "dvc.lock") == first
     assert (repo / "data" / "manifest" / "kept" / "part-00000.parquet").exists()

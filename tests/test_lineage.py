@@ -8,7 +8,9 @@ import pytest
 
 from dagster_project.definitions import defs
 from kiln.dvcgen import render, write_dvc_files
-from kiln.lineage import DATA_STEPS, MAIN_CHAIN, PACK, output_hash, stage_code_files, step_code_version
+from kiln.config import load_config
+from kiln.ladder import rungs
+from kiln.lineage import MAIN_CHAIN, data_steps, ladder_steps, output_hash, stage_code_files, step_code_version
 
 
 def test_the_asset_graph_is_one_connected_chain_from_raw_images_to_the_evaluation():
@@ -22,16 +24,27 @@ def test_the_asset_graph_is_one_connected_chain_from_raw_images_to_the_evaluatio
             seen.add(k)
             todo.extend(neighbours[k])
     assert seen == set(keys), f"islands: {sorted(k.to_user_string() for k in set(keys) - seen)}"
-    # and the main chain is a path: each step reads the one before it, and the train set reads the last
-    assert [s.upstream for s in MAIN_CHAIN[1:]] == [s.key for s in MAIN_CHAIN[:-1]] and PACK.upstream == MAIN_CHAIN[-1].key
-    for s in [*MAIN_CHAIN, PACK]:
+    # and the main chain is a path: each step reads the one before it, and every rung's train set reads the last
+    packs = ladder_steps(load_config([]))
+    assert [s.upstream for s in MAIN_CHAIN[1:]] == [s.key for s in MAIN_CHAIN[:-1]] and {p.upstream for p in packs} == {MAIN_CHAIN[-1].key}
+    for s in [*MAIN_CHAIN, *packs]:
         assert dg.AssetKey(s.upstream) in graph.get(dg.AssetKey(s.key)).parent_keys
-    assert graph.get(dg.AssetKey("checkpoint")).parent_keys == {dg.AssetKey("train_set")}
+
+
+def test_the_ladder_chains_its_rungs_and_ends_in_the_pma_checkpoint():
+    graph = defs.resolve_asset_graph()
+    parents = lambda key: {k.to_user_string() for k in graph.get(dg.AssetKey(key)).parent_keys}
+    assert [r.name for r in rungs(load_config([]))] == ["pretrain", "sft"]  # conf/ladder/demo.yaml
+    assert parents("train_set_sft") == {"rewritten", "coverage", "mixes"}
+    assert parents("checkpoint_pretrain") == {"train_set_pretrain"}
+    assert parents("checkpoint_sft") == {"train_set_sft", "checkpoint_pretrain"}
+    assert parents("checkpoint") == {"checkpoint_sft"} and parents("samples") == {"checkpoint"}
 
 
 def test_the_main_job_runs_the_whole_chain():
     main = {k.to_user_string() for k in defs.resolve_job_def("main").asset_layer.selected_asset_keys}
-    assert {s.key for s in [*MAIN_CHAIN, PACK]} | {"raw_images", "coverage", "mixes", "checkpoint", "samples", "evaluation"} <= main
+    ladder = {"train_set_pretrain", "checkpoint_pretrain", "train_set_sft", "checkpoint_sft", "checkpoint"}
+    assert {s.key for s in MAIN_CHAIN} | ladder | {"raw_images", "coverage", "mixes", "samples", "evaluation"} <= main
 
 
 def test_the_committed_dvc_files_are_the_ones_the_lineage_generates():
@@ -46,7 +59,12 @@ def test_each_dvc_stage_depends_on_its_code_its_config_files_and_its_params():
     assert {"assets/filters.py", "assets/decode.py", "kiln/config.py"} <= set(stages["filtered"]["deps"])
     assert stages["filtered"]["params"] == ["data.filters"]
     assert {"train.eval", "train.sample"} <= set(stages["evaluation"]["params"])
-    assert "data/coverage" in stages["train_set"]["deps"] and "data.pack.weights_file=data/coverage/weights.parquet" in stages["train_set"]["cmd"]
+    sft = stages["train_set_sft"]
+    assert "data/coverage" in sft["deps"] and "data.pack.weights_file=data/coverage/weights.parquet" in sft["cmd"]
+    assert "data.pack.mix_file=data/mixes/sft/part-00000.parquet" in sft["cmd"] and "conf/train/demo.yaml" in sft["deps"]
+    assert "train.init_from=data/checkpoint_pretrain" in stages["checkpoint_sft"]["cmd"] and "data/checkpoint_pretrain" in stages["checkpoint_sft"]["deps"]
+    assert stages["checkpoint"]["cmd"].startswith("kiln pma --run data/checkpoint_sft")
+    assert "--data data/train_set_pretrain" in stages["evaluation"]["cmd"]
     assert stages["coverage"]["cmd"].startswith("kiln coverage") and stages["mixes"]["cmd"].startswith("kiln mixes")
 
 
@@ -54,7 +72,7 @@ def test_a_code_version_moves_with_the_config_sections_of_its_step_and_no_other(
     from kiln.config import load_config
 
     base = load_config()
-    filtered, deduped = DATA_STEPS[1], DATA_STEPS[2]
+    filtered, deduped = data_steps(base)[1], data_steps(base)[2]
     changed = load_config(["data.filters.min_side=40"])
     assert step_code_version(filtered, changed) != step_code_version(filtered, base)
     assert step_code_version(deduped, changed) == step_code_version(deduped, base)
@@ -106,13 +124,15 @@ def test_a_config_change_marks_the_right_assets_stale(tmp_path, monkeypatch):
     import dagster_project.assets as assets_module
     import dagster_project.checks as checks_module
     import dagster_project.definitions as definitions_module
+    import dagster_project.ladder as ladder_module
 
-    for m in (assets_module, checks_module, definitions_module):
+    modules = (assets_module, checks_module, ladder_module, definitions_module)
+    for m in modules:
         importlib.reload(m)
     try:
         after = status(definitions_module.defs.resolve_asset_graph())
     finally:
         monkeypatch.undo()
-        for m in (assets_module, checks_module, definitions_module):
+        for m in modules:
             importlib.reload(m)
     assert after == {"manifest": StaleStatus.FRESH, "filtered": StaleStatus.FRESH, "deduped": StaleStatus.STALE}

@@ -1,40 +1,38 @@
-"""The training ladder as Dagster assets: a train set and a checkpoint per rung (256 -> 512 -> 1024 ->
-midtrain -> SFT), each rung starting from the previous one's weights, midtraining and SFT on their mixes,
-and the PMA checkpoint averaging SFT's last step checkpoints.
-
-The rungs' own configs (conf/train/<stage>.yaml: GPU, Muon, TP, compile) are shrunk by the resource's
-overrides to a micro DiT at 16 px on CPU: the wiring is what is tested, not the budget."""
+"""The training ladder in the main graph: a train set and a checkpoint per rung (conf/ladder/demo.yaml:
+pretrain, then SFT), each rung from the previous one's weights with its own config and mix, held-out rows
+that no rung trains on, and `checkpoint`, the PMA of SFT's last step checkpoints, that samples and
+evaluation read. The demo rungs are shrunk by the resource's overrides to a micro DiT at 16 px on CPU: the
+wiring is what is tested, not the budget. Krea 2's five-rung ladder (ladder=krea) is checked as config."""
 
 import json
 
 import dagster as dg
-import pyarrow as pa
-import pyarrow.parquet as pq
+import pyarrow.compute as pc
 import pytest
 
 from dagster_project.checks import all_checks
-from dagster_project.ladder import LADDER, LADDER_KEYS, ladder_assets
+from dagster_project.definitions import all_assets
 from dagster_project.resources import KilnResource
 from kiln.config import load_config
+from kiln.ladder import checkpoint_overrides, rungs, train_set_overrides
 from kiln.stage import read_dataset, run_stage
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 CPU_MICRO = [
     "model.size=micro", "model.patch_size=2", "model.pad_to_multiple=16", "model.text_encoder.max_length=16", "model.text_encoder.layers=[-1,-2,-3]",
-    "train.device=cpu", "train.threads=1", "train.steps=3", "train.warmup_steps=1", "train.batch_size=4", "train.holdout=0", "train.log_every=0",
-    "train.resolution=16", "train.parallel.tp=1", "train.parallel.sequence_parallel=false", "train.parallel.compile=false",
-    "train.parallel.activation_checkpointing=none", "train.dcp.every=1", "train.dcp.keep=8", "train.dcp.async_save=false",
-    "data.pack.batch_size=4",
+    "train.device=cpu", "train.threads=1", "train.steps=3", "train.warmup_steps=1", "train.batch_size=4", "train.holdout=4", "train.log_every=0",
+    "train.resolution=16", "train.dcp.every=1", "train.dcp.keep=8", "train.dcp.async_save=false",
+    "data.pack.batch_size=4", "data.mixes.sft_size=12",
 ]  # fmt: skip
+LADDER_KEYS = ["train_set_pretrain", "checkpoint_pretrain", "train_set_sft", "checkpoint_sft", "checkpoint"]
 
 
 @pytest.fixture(scope="module")
 def ladder(tmp_path_factory, text_encoder_dir):
-    """rewritten demo rows, their coverage weights and hand-written mixes under data/, then the whole ladder materialized."""
+    """Rewritten demo rows under data/, then coverage, mixes and the whole ladder materialized through Dagster."""
     import os
 
-    from assets.concepts import write_coverage
     from assets.demo_corpus import write_demo_corpus
 
     root = tmp_path_factory.mktemp("ladder")
@@ -47,51 +45,67 @@ def ladder(tmp_path_factory, text_encoder_dir):
                  ("text_filter", "ocr", "text_filtered"), ("caption_ocr", "text_filtered", "captioned"), ("rewrite", "captioned", "rewritten")]  # fmt: skip
         for stage, src, dst in chain:
             run_stage(stage, root / "data" / src, root / "data" / dst, cfg)
-        write_coverage(root / "data" / "rewritten", root / "data" / "coverage", cfg.data.concepts)
-        ids = sorted(read_dataset(root / "data" / "rewritten" / "kept").column("id").to_pylist())
-        mixes = {"pretrain": ids, "midtrain": ids[: len(ids) // 2], "sft": ids[:12]}
-        for mix, chosen in mixes.items():
-            (root / "data" / "mixes" / mix).mkdir(parents=True)
-            pq.write_table(pa.table({"id": chosen, "mix": [mix] * len(chosen)}), root / "data" / "mixes" / mix / "part-00000.parquet")
         resource = KilnResource(overrides=[*CPU_MICRO, f"model.text_encoder.path={text_encoder_dir}"], data_dir="data")
+        selected = {"coverage", "mixes", *LADDER_KEYS}
+        assets = [a for a in all_assets if a.key.to_user_string() in selected]
         checks = [c for c in all_checks if any(k.asset_key.to_user_string().startswith("train_set_") for k in c.check_keys)]
-        result = dg.materialize([*ladder_assets, *checks], resources={"kiln": resource}, instance=dg.DagsterInstance.ephemeral())
+        result = dg.materialize([*assets, *checks], resources={"kiln": resource}, instance=dg.DagsterInstance.ephemeral())
     finally:
         os.chdir(old)
-    return root / "data", mixes, result
+    return root / "data", result
+
+
+def trained_on(data, rung: str) -> set[str]:
+    """The rows a rung's steps could draw: its train set's kept rows less the ids its run held out."""
+    kept = set(read_dataset(data / f"train_set_{rung}" / "kept").column("id").to_pylist())
+    return kept - set(json.loads((data / f"checkpoint_{rung}" / "heldout.json").read_text())["ids"])
 
 
 def test_every_rung_gives_a_train_set_and_a_checkpoint_and_the_checks_pass(ladder):
-    data, _, result = ladder
+    data, result = ladder
     assert result.success
-    assert sorted(m.asset_key.to_user_string() for m in result.get_asset_materialization_events() for m in [m.materialization]) == sorted(LADDER_KEYS)
-    assert len(result.get_asset_check_evaluations()) == 2 * len(LADDER) and all(e.passed for e in result.get_asset_check_evaluations())
-    for rung in LADDER:
-        state = json.loads((data / "train" / rung.stage / "train_state.json").read_text())
+    materialized = {m.materialization.asset_key.to_user_string() for m in result.get_asset_materialization_events()}
+    assert set(LADDER_KEYS) <= materialized
+    assert len(result.get_asset_check_evaluations()) == 4 and all(e.passed for e in result.get_asset_check_evaluations())
+    for rung in ("pretrain", "sft"):
+        state = json.loads((data / f"checkpoint_{rung}" / "train_state.json").read_text())
         assert state["step"] == 3 and state["bucket"] == "16x16"
 
 
-def test_each_rung_starts_from_the_previous_rungs_checkpoint_with_its_own_config(ladder):
-    data, _, _ = ladder
-    for rung in LADDER:
-        train = json.loads((data / "train" / rung.stage / "train_state.json").read_text())["config"]["train"]
-        expected = load_config([f"train={rung.stage}"]).train
-        assert train["optim"]["name"] == expected.optim.name and train["mix"] == expected.mix and train["lr"] == expected.lr
-        assert train["init_from"] == (f"data/train/{rung.previous}" if rung.previous else None)  # the resource's data_dir
-    assert [load_config([f"train={r.stage}"]).train.resolution for r in LADDER] == [256, 512, 1024, 1024, 1024]
+def test_sft_starts_from_the_pretrained_checkpoint_with_its_own_config(ladder):
+    data, _ = ladder
+    pretrain = json.loads((data / "checkpoint_pretrain" / "train_state.json").read_text())["config"]["train"]
+    sft = json.loads((data / "checkpoint_sft" / "train_state.json").read_text())["config"]["train"]
+    assert (pretrain["init_from"], pretrain["mix"], pretrain["decay_frac"]) == (None, "pretrain", 0.0)
+    assert (sft["init_from"], sft["mix"], sft["lr"], sft["decay_frac"]) == ("data/checkpoint_pretrain", "sft", 0.001, 1.0)
+    assert sft["steps"] == 3  # the user's overrides come after the rung's
 
 
-def test_midtraining_and_sft_train_on_their_mix_and_every_other_row_is_rejected_with_the_reason(ladder):
-    data, mixes, _ = ladder
-    for rung in LADDER:
-        kept = read_dataset(data / rung.train_set / "kept").column("id").to_pylist()
-        rejected = read_dataset(data / rung.train_set / "rejected")
-        mix = mixes[load_config([f"train={rung.stage}"]).train.mix]
-        assert set(kept) <= set(mix) and len(kept) + rejected.num_rows == len(mixes["pretrain"])
-        assert set(rejected.filter(pa.compute.equal(rejected.column("reason"), "not_in_mix")).column("id").to_pylist()) == set(mixes["pretrain"]) - set(mix)
+def test_the_sft_rung_trains_on_its_mix_and_every_other_row_is_rejected_with_the_reason(ladder):
+    import pyarrow.parquet as pq
+
+    data, _ = ladder
+    sft_mix = set(pq.read_table(data / "mixes" / "sft" / "part-00000.parquet").column("id").to_pylist())
+    pool = set(read_dataset(data / "rewritten" / "kept").column("id").to_pylist())
+    kept = set(read_dataset(data / "train_set_sft" / "kept").column("id").to_pylist())
+    rejected = read_dataset(data / "train_set_sft" / "rejected")
+    assert len(sft_mix) == 12 and kept == sft_mix
+    assert set(rejected.filter(pc.equal(rejected.column("reason"), "not_in_mix")).column("id").to_pylist()) == pool - sft_mix
 
 
-def test_the_pma_checkpoint_averages_the_last_sft_step_checkpoints(ladder):
+def test_no_rung_trains_on_the_rows_evaluation_holds_out(ladder):
+    from training.evaluate import heldout_rows
+
+    data, _ = ladder
+    held = set(json.loads((data / "checkpoint_pretrain" / "heldout.json").read_text())["ids"])
+    assert len(held) == 4
+    assert json.loads((data / "checkpoint_sft" / "heldout.json").read_text())["ids"] == sorted(held)  # inherited, not chosen anew
+    assert not held & (trained_on(data, "pretrain") | trained_on(data, "sft"))
+    rows, is_heldout = heldout_rows(data / "train_set_pretrain", 4, data / "checkpoint")
+    assert is_heldout and set(rows.column("id").to_pylist()) == held
+
+
+def test_checkpoint_is_the_pma_of_the_last_sft_step_checkpoints(ladder):
     import torch
     from safetensors.torch import load_file
 
@@ -99,14 +113,37 @@ def test_the_pma_checkpoint_averages_the_last_sft_step_checkpoints(ladder):
     from training.dcp import complete_checkpoints
     from training.pma import dcp_step_weights
 
-    data, _, _ = ladder
-    pma = json.loads((data / "train" / "pma" / "pma.json").read_text())
-    assert pma["steps"] == [1, 2, 3] and pma["asked_k"] == 4  # SFT asks for 4; a 3-step run kept 3
-    gen = Generator.from_pretrained(data / "train" / "sft")
-    steps = [dcp_step_weights(d, gen) for d in complete_checkpoints(data / "train" / "sft")]
-    averaged = load_file(str(data / "train" / "pma" / "model.safetensors"))
+    data, _ = ladder
+    pma = json.loads((data / "checkpoint" / "pma.json").read_text())
+    assert pma["steps"] == [1, 2, 3] and pma["asked_k"] == 4  # SFT asks for 4 (conf/ladder/demo.yaml); a 3-step run kept 3
+    gen = Generator.from_pretrained(data / "checkpoint_sft")
+    steps = [dcp_step_weights(d, gen) for d in complete_checkpoints(data / "checkpoint_sft")]
+    averaged = load_file(str(data / "checkpoint" / "model.safetensors"))
     for name, value in averaged.items():
         torch.testing.assert_close(value, sum(s[name].double() for s in steps).div(3).float(), rtol=0, atol=1e-7)
-    final = load_file(str(data / "train" / "sft" / "model.safetensors"))
+    final = load_file(str(data / "checkpoint_sft" / "model.safetensors"))
     assert any(not torch.equal(final[k], averaged[k]) for k in final)
-    Generator.from_pretrained(data / "train" / "pma")  # a normal checkpoint folder for the sampler and evaluator
+    Generator.from_pretrained(data / "checkpoint")  # a normal checkpoint folder for the sampler and evaluator
+    assert (data / "checkpoint" / "train_data.json").exists()  # with the last rung's record of what it saw
+
+
+def test_krea_ladder_climbs_256_512_1024_then_midtrain_and_sft_each_from_the_last():
+    cfg = load_config(["ladder=krea"])
+    ladder = rungs(cfg)
+    assert [r.name for r in ladder] == ["pretrain_256", "pretrain_512", "pretrain_1024", "midtrain", "sft"]
+    packs = [train_set_overrides(r, [], "data") for r in ladder]
+    assert [next(o for o in p if o.startswith("data.pack.resolution=")) for p in packs] == [f"data.pack.resolution={n}" for n in (256, 512, 1024, 1024, 1024)]
+    assert [next((o for o in p if o.startswith("data.pack.mix_file=")), None) for p in packs] == [
+        f"data.pack.mix_file=data/mixes/{m}/part-00000.parquet" for m in ("pretrain", "pretrain", "pretrain", "midtrain", "sft")
+    ]
+    starts = [next((o for o in checkpoint_overrides(r, [], "data") if o.startswith("train.init_from=")), None) for r in ladder]
+    assert starts == [None, *(f"train.init_from=data/checkpoint_{r.name}" for r in ladder[:-1])]
+    assert load_config(checkpoint_overrides(ladder[1], ["train=demo"], "data")).train.optim.name == "muon"  # a user's train= never replaces a rung's
+
+
+def test_a_ladder_with_a_repeated_rung_name_is_refused():
+    from kiln.config import ConfigError
+
+    with pytest.raises(ConfigError, match="rung names repeat"):
+        load_config(["ladder.rungs=[{name: a, train: demo}, {name: a, train: demo}]"])
+

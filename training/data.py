@@ -64,6 +64,26 @@ def holdout_ids(ids: Iterable[str], n: int) -> set[str]:
     return set(ranked[:n])
 
 
+HELDOUT_FILE = "heldout.json"  # in a checkpoint folder: the ids its run held out, inherited by runs started from it
+
+
+def read_heldout(checkpoint: Path | str | None) -> set[str] | None:
+    """The ids a checkpoint's run held out, or None (no checkpoint, or one written before kiln kept the record)."""
+    path = Path(checkpoint) / HELDOUT_FILE if checkpoint else None
+    return set(json.loads(path.read_text())["ids"]) if path and path.exists() else None
+
+
+def write_heldout(out_dir: Path, ids: set[str]) -> None:
+    (Path(out_dir) / HELDOUT_FILE).write_text(json.dumps({"ids": sorted(ids)}, indent=0) + "\n")
+
+
+def choose_heldout(ids: Iterable[str], n: int, init_from: Path | str | None) -> set[str]:
+    """The rows a run holds out: those its starting checkpoint's run held out (so no rung of a ladder ever
+    trains on the first rung's held-out rows, which evaluation reads), else the `n` smallest sha1(id)."""
+    inherited = read_heldout(init_from)
+    return inherited if inherited is not None else holdout_ids(ids, n)
+
+
 def read_train_table(data_dir: Path) -> pa.Table:
     """The pack stage's kept rows (`DIR/kept/part-*.parquet`, or DIR itself), schema-checked, in stream order."""
     src = data_dir / "kept" if (data_dir / "kept").is_dir() else data_dir
@@ -109,6 +129,7 @@ class TrainSet:
         self.batches = batches
         self.batch_size = batch_size or max(b.size for b in batches)
         self.form_probs = dict(form_probs) if form_probs is not None else None
+        self.held_out: set[str] = set()  # ids kept out of training (from_dir)
         self.forms = forms or {}
         self._packed = {b.ids: b for b in batches}  # an epoch batch that is a packed batch reuses its pixels
         self._where = {i: (k, j) for k, b in enumerate(batches) for j, i in enumerate(b.ids)}
@@ -162,9 +183,13 @@ class TrainSet:
         return cls(batches, max_batch_size, forms, weights, form_probs)
 
     @classmethod
-    def from_dir(cls, data_dir: Path, max_batch_size: int, holdout: int = 0, form_probs: dict[str, float] | None = None) -> "TrainSet":
+    def from_dir(cls, data_dir: Path, max_batch_size: int, holdout: int = 0, form_probs: dict[str, float] | None = None, init_from: Path | str | None = None) -> "TrainSet":
+        """Hold out `holdout` rows, or the rows `init_from`'s run held out (choose_heldout); `held_out` says which."""
         table = read_train_table(data_dir)
-        return cls.from_table(table, max_batch_size, holdout_ids(table.column("id").to_pylist(), holdout), form_probs)
+        held = choose_heldout(table.column("id").to_pylist(), holdout, init_from)
+        out = cls.from_table(table, max_batch_size, held, form_probs)
+        out.held_out = held
+        return out
 
     def __len__(self) -> int:
         """Packed batches; an epoch of a weighted set may have more or fewer (`epoch_length`)."""

@@ -27,7 +27,7 @@ import torch
 from kiln.config import KilnConfig
 from kiln.progress import log
 from training.checkpoint import read_train_state
-from training.data import decode_pixels, holdout_ids, read_train_table
+from training.data import decode_pixels, holdout_ids, read_heldout, read_train_table
 from training.eval_protocol import evaluate_distribution, record
 from training.objective import flow_loss
 from training.plots import sample_grid
@@ -41,14 +41,21 @@ def row_noise(row_id: str, seed: int, shape: tuple[int, ...]) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(s))
 
 
-def heldout_rows(data_dir: Path, n: int) -> tuple[pa.Table, bool]:
-    """The trainer's hold-out (same rule, same n); when it held nothing out, the same-rule rows of the
-    training set, flagged as not held out."""
+def heldout_rows(data_dir: Path, n: int, checkpoint: Path | None = None) -> tuple[pa.Table, bool]:
+    """The rows the checkpoint's run held out (its heldout.json: inherited down a ladder, so `data_dir` may be
+    an earlier rung's train set), else the trainer's rule with the same n; when nothing was held out, the
+    same-rule rows of the training set, flagged as not held out."""
     table = read_train_table(Path(data_dir))
     ids = table.column("id").to_pylist()
-    chosen = holdout_ids(ids, n if n > 0 else min(32, len(ids)))
+    recorded = read_heldout(checkpoint)
+    if recorded:
+        chosen, held = recorded & set(ids), True
+    else:
+        chosen, held = holdout_ids(ids, n if n > 0 else min(32, len(ids))), n > 0
+    if not chosen:
+        raise ValueError(f"none of the rows {checkpoint} held out are in {data_dir}: evaluate on the first ladder rung's train set")
     rows = table.filter(pc.is_in(table.column("id"), pa.array(sorted(chosen))))
-    return rows.sort_by("id"), n > 0
+    return rows.sort_by("id"), held
 
 
 @torch.no_grad()
@@ -97,7 +104,7 @@ def evaluate(checkpoint: Path, data_dir: Path, out: Path, cfg: KilnConfig) -> di
     trained_model = ModelConfig.model_validate(state.config["model"])  # what the checkpoint was trained from: same model,
     init_seed = int(state.config["train"]["seed"])  # same init seed
     height, width = checkpoint_resolution(checkpoint, cfg)
-    rows, is_heldout = heldout_rows(Path(data_dir), state.holdout)
+    rows, is_heldout = heldout_rows(Path(data_dir), state.holdout, checkpoint)
 
     trained = Generator.from_pretrained(checkpoint, device=runtime.device)
     trained_scores, images = score(trained, rows, cfg, height, width)

@@ -1,0 +1,22 @@
+"""`checkpoint`, the model the ladder ends in: the PMA of the last rung's last step checkpoints, carrying that
+rung's records (held-out ids, the data it saw, its throughput and loss curve) so samples, evaluation and the
+Dagster page read one folder."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from training.data import HELDOUT_FILE
+
+RECORDS = (HELDOUT_FILE, "train_data.json", "throughput.json", "loss.csv", "loss.png")
+
+
+def write_final_checkpoint(last_rung: Path, k: int, out: Path) -> Path:
+    from training.pma import pma_from_run
+
+    out = pma_from_run(Path(last_rung), k, Path(out))
+    for name in RECORDS:
+        if (Path(last_rung) / name).exists():
+            shutil.copyfile(Path(last_rung) / name, out / name)
+    return out
