@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 from kiln.config import KilnConfig
+from kiln.outputs import check_output, swap_in
 from kiln.progress import log as kiln_log
 from kiln.stage import Summary, get_stage, run_stage
 
@@ -43,17 +45,28 @@ def queue_table(stage: str, input_path: Path | str, cfg: KilnConfig) -> str:
     return f"q_{stage}_{hashlib.sha1(key.encode()).hexdigest()[:12]}"
 
 
-def execute(stage: str, input_path: Path | str, output: Path | str, cfg: KilnConfig, log: Callable[[str], None] = kiln_log.info) -> Summary:
-    """Run `stage` over `input_path` into `output` on the profile's executor."""
+def execute(
+    stage: str, input_path: Path | str, output: Path | str, cfg: KilnConfig, log: Callable[[str], None] = kiln_log.info, overwrite: bool = False
+) -> Summary:
+    """Run `stage` over `input_path` into `output` on the profile's executor. The output is checked first
+    (kiln.outputs.check_output): never the input or inside it, and holding only what kiln wrote unless `overwrite`."""
+    check_output(output, input_path, overwrite)
     executor = executor_of(cfg)
     if executor == "slurm_array":
         from slurm.arrays import run_stage_array
 
-        return run_stage_array(stage, input_path, output, cfg, log=log)
+        return run_stage_array(stage, input_path, output, cfg, log=log, overwrite=overwrite)
     if executor == "queue" and get_stage(stage).scope == "shard":
         from kiln.warehouse.cli import run_map
 
         dsn = os.environ.get("KILN_PG_DSN")
-        return run_map(stage, Path(input_path), Path(output), cfg, dsn, max(cfg.cluster.workers, 1), queue_table(stage, input_path, cfg), log=log)
+        target = Path(output).resolve()
+        fresh = target.parent / f".{target.name}.queue-{os.getpid()}"  # written whole, then swapped in: OUT was checked above
+        try:
+            summary = run_map(stage, Path(input_path), fresh, cfg, dsn, max(cfg.cluster.workers, 1), queue_table(stage, input_path, cfg), log=log)
+            swap_in(fresh, target)
+            return summary
+        finally:
+            shutil.rmtree(fresh, ignore_errors=True)
     workers = 1 if executor in ("inprocess", "queue") else cfg.cluster.workers
-    return run_stage(stage, input_path, output, cfg, workers=workers)
+    return run_stage(stage, input_path, output, cfg, workers=workers, overwrite=overwrite)

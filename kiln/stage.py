@@ -8,15 +8,16 @@ exactly once, and writes
     OUT/kept/part-00000.parquet ...      rows that go on
     OUT/rejected/part-00000.parquet ...  id, uri, stage, reason, value, detail
     OUT/summary.json                     counts in / kept / rejected / per reason
+    OUT/.kiln-output                     the marker: the stage, and the sha256 of every file above
+
+The output is replaced only when kiln wrote all of it, never when it overlaps the input, and atomically
+(kiln.outputs, docs/safe-outputs.md); a reader checks each shard against the recorded sha256.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import os
-import shutil
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -28,6 +29,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kiln.config import KilnConfig
+from kiln.outputs import (
+    check_output,
+    check_shard_set,
+    read_shard,
+    recorded_checksums,
+    staged_output,
+    write_marker,
+)
 from kiln.progress import log, progress
 from kiln.schemas import REJECTED, check_schema
 
@@ -108,6 +117,10 @@ def get_stage(name: str) -> Stage:
     return importlib.import_module(STAGE_MODULES[name]).STAGE
 
 
+class StageInputError(FileNotFoundError):
+    """A stage input that is missing or holds no Parquet shards."""
+
+
 class AccountingError(AssertionError):
     """A stage lost, duplicated or invented rows."""
 
@@ -134,11 +147,28 @@ def shard_paths(dataset: Path) -> list[Path]:
 
 
 def read_dataset(dataset: Path) -> pa.Table:
-    """All shards of one dataset folder (e.g. OUT/kept) as one table, in shard order."""
+    """All shards of one dataset folder (e.g. OUT/kept) as one table, in shard order, each checked against
+    the sha256 its stage recorded."""
     paths = shard_paths(dataset)
     if not paths:
         raise FileNotFoundError(f"no Parquet shards under {dataset}")
-    return pa.concat_tables(pq.read_table(p) for p in paths)
+    return pa.concat_tables(read_shards(Path(dataset), paths))
+
+
+def read_shards(dataset: Path, paths: list[Path]) -> list[pa.Table]:
+    """Shards of one dataset folder, verified: a shard whose bytes changed since its stage wrote them, or
+    one it never wrote, is a ChecksumError naming the shard (a plain dataset folder has nothing to check)."""
+    sums = recorded_checksums(dataset)
+    check_shard_set(dataset, paths, sums)
+    return [read_shard(p, sums[p.name] if sums else None) for p in paths]
+
+
+def read_verified_shard(path: Path) -> pa.Table:
+    """One shard of a dataset folder, checked as `read_shards` checks it (what a Slurm array task reads)."""
+    path = Path(path)
+    sums = recorded_checksums(path.parent)
+    check_shard_set(path.parent, shard_paths(path.parent), sums)
+    return read_shard(path, sums[path.name] if sums else None)
 
 
 def write_table(table: pa.Table, path: Path) -> None:
@@ -175,7 +205,7 @@ class Summary:
         return json.dumps(d, indent=2, sort_keys=True) + "\n"
 
     @classmethod
-    def read(cls, folder: Path) -> "Summary":
+    def read(cls, folder: Path) -> Summary:
         return cls(**json.loads((folder / "summary.json").read_text()))
 
 
@@ -215,33 +245,59 @@ def run_on_tables(stage: Stage, shards: list[pa.Table], cfg: KilnConfig, workers
     return [_apply(stage.name, s, cfg) for s in progress(shards, desc=stage.name, unit="shard")]
 
 
+def input_folder(input_path: Path) -> Path:
+    """The dataset folder a stage reads: a stage output's `kept/`, or the folder itself (a plain dataset)."""
+    return input_path / "kept" if (input_path / "kept").is_dir() else input_path
+
+
 def input_shard_paths(stage: Stage, input_path: Path) -> list[Path]:
-    """The Parquet shards a stage reads: a stage output's `kept/`, or a plain dataset folder."""
-    src = input_path / "kept" if (input_path / "kept").is_dir() else input_path
-    paths = shard_paths(src)
-    if not paths:
-        raise FileNotFoundError(f"{stage.name}: no Parquet shards under {src}")
+    """The Parquet shards a stage reads; [] for an empty folder (an empty input, which `input_shards` warns of)."""
+    if not input_path.exists():
+        raise StageInputError(f"{stage.name}: the input {input_path} does not exist")
+    src = input_folder(input_path)
+    paths = shard_paths(src) if src.is_dir() else []
+    if not paths and not (src.is_dir() and not any(src.iterdir())):
+        raise StageInputError(f"{stage.name}: no Parquet shards (part-*.parquet) under {src}")
     return paths
 
 
 def input_shards(stage: Stage, input_path: Path | str, cfg: KilnConfig) -> list[pa.Table]:
+    """The input as shards; each shard of a stage output is checked against the sha256 its stage recorded."""
     if stage.list_inputs is not None:  # a uri stays as given: `s3://b/x` is no local Path
-        return split_rows(stage.list_inputs(str(input_path)), cfg.data.ingest.shard_size)
-    return [pq.read_table(p) for p in input_shard_paths(stage, Path(input_path))]
+        shards = split_rows(stage.list_inputs(str(input_path)), cfg.data.ingest.shard_size)
+    else:
+        shards = read_shards(input_folder(Path(input_path)), input_shard_paths(stage, Path(input_path)))
+    if not sum(s.num_rows for s in shards):
+        log.warning("%s: the input %s is empty (0 rows); the output will be empty too", stage.name, input_path)
+    return shards
 
 
-def run_stage(name: str, input_path: Path | str, output: Path | str, cfg: KilnConfig, workers: int | None = None) -> Summary:
+def run_stage(
+    name: str, input_path: Path | str, output: Path | str, cfg: KilnConfig, workers: int | None = None, overwrite: bool = False
+) -> Summary:
     """Run one stage from folder to folder in this process (or a pool of `workers`, default `cluster.workers`);
-    the output folder is replaced atomically. kiln.executors.execute picks this or another executor."""
+    the output folder is replaced atomically, and only when that deletes nothing kiln did not write (checked
+    before the work, kiln.outputs.check_output). kiln.executors.execute picks this or another executor."""
     stage = get_stage(name)
+    check_output(output, input_path, overwrite)
     shards = input_shards(stage, input_path, cfg)
     output = Path(output)
     outs = run_on_tables(stage, shards, cfg, workers=cfg.cluster.workers if workers is None else workers)
-    return write_stage_output(stage, sum(s.num_rows for s in shards), outs, output, cfg)
+    return write_stage_output(stage, sum(s.num_rows for s in shards), outs, output, cfg, input_path=input_path, overwrite=overwrite)
 
 
-def write_stage_output(stage: Stage, input_rows: int, outs: list[StageOutput], output: Path, cfg: KilnConfig) -> Summary:
-    """Write OUT/kept, OUT/rejected, OUT/summary.json from per-shard outputs, replacing OUT atomically.
+def write_stage_output(
+    stage: Stage,
+    input_rows: int,
+    outs: list[StageOutput],
+    output: Path,
+    cfg: KilnConfig,
+    input_path: Path | str | None = None,
+    overwrite: bool = False,
+) -> Summary:
+    """Write OUT/kept, OUT/rejected, OUT/summary.json and the marker OUT/.kiln-output from per-shard outputs,
+    replacing OUT atomically. Refuses (kiln.outputs.OutputError) an OUT overlapping `input_path`, and one
+    holding what kiln did not write unless `overwrite`.
 
     Shared by `run_stage` and the Slurm array merge (slurm.arrays), so both doors write the same bytes.
     """
@@ -258,13 +314,12 @@ def write_stage_output(stage: Stage, input_rows: int, outs: list[StageOutput], o
         rejected=rejected.num_rows,
         by_reason=dict(Counter(rejected.column("reason").to_pylist())),
     )
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    write_shards(kept_tables, tmp / "kept", stage.output_schema)
-    write_shards(split_rows(rejected, cfg.data.ingest.shard_size), tmp / "rejected", REJECTED)
-    (tmp / "summary.json").write_text(summary.to_json())
-    if output.exists():
-        shutil.rmtree(output)
-    os.replace(tmp, output)
+    output = output.resolve()  # a symlinked OUT: the folder it points to is replaced, the link stays
+    check_output(output, input_path, overwrite)
+    with staged_output(output) as tmp:
+        write_shards(kept_tables, tmp / "kept", stage.output_schema)
+        write_shards(split_rows(rejected, cfg.data.ingest.shard_size), tmp / "rejected", REJECTED)
+        (tmp / "summary.json").write_text(summary.to_json())
+        write_marker(tmp, name)
     log.info("%s: %d in, %d kept, %d rejected %s", name, summary.input_rows, summary.kept, summary.rejected, summary.by_reason)
     return summary

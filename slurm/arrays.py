@@ -4,8 +4,10 @@ Each task applies the stage to its shard through the same `kiln.stage._apply` ev
 checks and row accounting included) and leaves its kept / rejected tables as Arrow IPC files (they
 read back with the very chunking they were written with). The merge hands those per-shard outputs,
 in shard order, to `kiln.stage.write_stage_output`, the writer `run_stage` uses, so the output folder
-is byte-identical to running the stage in-process. Global-scope stages (dedup, pack) need every row at
-once: they run as a single array task calling `run_stage`.
+is byte-identical to running the stage in-process, and as safe to write: the output is checked before
+anything is submitted (kiln.outputs.check_output), and the work folder is removed whether or not the
+tasks succeed. Global-scope stages (dedup, pack) need every row at once: they run as a single array
+task calling `run_stage`.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import shutil
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from kiln.config import KilnConfig
+from kiln.outputs import check_output
 from kiln.progress import log as kiln_log
 from kiln.stage import (
     Stage,
@@ -28,6 +30,7 @@ from kiln.stage import (
     input_shard_paths,
     input_shards,
     prepare_worker,
+    read_verified_shard,
     run_stage,
     write_stage_output,
     write_table,
@@ -50,8 +53,9 @@ def _read_ipc(path: Path) -> pa.Table:
 
 
 def run_shard(stage_name: str, shard: str, part: str, cfg: KilnConfig) -> int:
-    """One array task: stage(shard) -> `<part>.kept.arrow` + `<part>.rejected.arrow`; returns rows in."""
-    table = pq.read_table(shard)
+    """One array task: stage(shard) -> `<part>.kept.arrow` + `<part>.rejected.arrow`; returns rows in.
+    The shard is checked against the sha256 its stage recorded (kiln.outputs)."""
+    table = read_verified_shard(Path(shard))
     prepare_worker(stage_name, cfg)
     out = _apply(stage_name, table, cfg)
     _write_ipc(out.kept, Path(part + ".kept.arrow"))
@@ -59,9 +63,9 @@ def run_shard(stage_name: str, shard: str, part: str, cfg: KilnConfig) -> int:
     return table.num_rows
 
 
-def run_whole_stage(stage_name: str, input_path: str, output: str, cfg: KilnConfig) -> int:
+def run_whole_stage(stage_name: str, input_path: str, output: str, cfg: KilnConfig, overwrite: bool = False) -> int:
     """The single task of a global-scope stage."""
-    return run_stage(stage_name, input_path, output, cfg).input_rows
+    return run_stage(stage_name, input_path, output, cfg, overwrite=overwrite).input_rows
 
 
 # ------------------------------------------------------------------------------------ on the driver
@@ -88,13 +92,16 @@ def run_stage_array(
     cfg: KilnConfig,
     max_parallel: int | None = None,
     log: Log = kiln_log.info,
+    overwrite: bool = False,
 ) -> Summary:
-    """Run a stage over `input_dir` as a job array on `cfg.cluster`; same OUT layout and bytes as `run_stage`.
+    """Run a stage over `input_dir` as a job array on `cfg.cluster`; same OUT layout and bytes as `run_stage`,
+    and the same refusals (an output overlapping the input; one holding what kiln did not write, unless `overwrite`).
 
     On the `local` profile this is `run_stage` itself, so callers (Dagster assets) need not branch.
     """
     if cfg.cluster.kind == "local":  # the embedded tier: in this process (and its pool)
-        return run_stage(stage_name, input_dir, output_dir, cfg)
+        return run_stage(stage_name, input_dir, output_dir, cfg, overwrite=overwrite)
+    check_output(output_dir, input_dir, overwrite)  # before any job: a refusal costs no cluster time
     stage = get_stage(stage_name)
     if stage.resources.cpus > cfg.cluster.array_cpus_per_task:  # the stage's own floor (kiln.stage.StageResources)
         cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"array_cpus_per_task": stage.resources.cpus})})
@@ -103,24 +110,25 @@ def run_stage_array(
     executor = executor_for(cfg, "array", stage_name)
     executor.update_parameters(slurm_array_parallelism=max_parallel or cfg.cluster.max_array_parallel)
     if stage.scope == "global":
-        (job,) = executor.map_array(run_whole_stage, [stage_name], [str(input_dir)], [str(output_dir)], [cfg])
+        (job,) = executor.map_array(run_whole_stage, [stage_name], [str(input_dir)], [str(output_dir)], [cfg], [overwrite])
         log(f"{stage_name}: global stage as slurm job {job.job_id}")
         _wait([job], cfg, log)
         return Summary.read(output_dir)
 
-    work = output_dir.parent / f".{output_dir.name}.array"
+    work = output_dir.parent / f".{output_dir.name}.array"  # kiln's own scratch: a leftover of an earlier run goes
     shutil.rmtree(work, ignore_errors=True)
     (work / "parts").mkdir(parents=True)
-    sources = shard_sources(stage, input_dir, cfg, work)
-    parts = [str(work / "parts" / f"part-{i:05d}") for i in range(len(sources))]
-    rows_in: list[int] = []
-    if sources:
-        n = len(sources)
-        jobs = executor.map_array(run_shard, [stage_name] * n, [str(s) for s in sources], parts, [cfg] * n)
-        cap = max_parallel or cfg.cluster.max_array_parallel
-        log(f"{stage_name}: {n} shards as slurm array {jobs[0].job_id.split('_')[0]} (at most {cap} at once)")
-        rows_in = _wait(jobs, cfg, log)
-    outs = [StageOutput(_read_ipc(Path(p + ".kept.arrow")), _read_ipc(Path(p + ".rejected.arrow"))) for p in parts]
-    summary = write_stage_output(stage, sum(rows_in), outs, output_dir, cfg)
-    shutil.rmtree(work, ignore_errors=True)
-    return summary
+    try:
+        sources = shard_sources(stage, input_dir, cfg, work)
+        parts = [str(work / "parts" / f"part-{i:05d}") for i in range(len(sources))]
+        rows_in: list[int] = []
+        if sources:
+            n = len(sources)
+            jobs = executor.map_array(run_shard, [stage_name] * n, [str(s) for s in sources], parts, [cfg] * n)
+            cap = max_parallel or cfg.cluster.max_array_parallel
+            log(f"{stage_name}: {n} shards as slurm array {jobs[0].job_id.split('_')[0]} (at most {cap} at once)")
+            rows_in = _wait(jobs, cfg, log)
+        outs = [StageOutput(_read_ipc(Path(p + ".kept.arrow")), _read_ipc(Path(p + ".rejected.arrow"))) for p in parts]
+        return write_stage_output(stage, sum(rows_in), outs, output_dir, cfg, input_path=input_dir, overwrite=overwrite)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
