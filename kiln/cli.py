@@ -82,8 +82,14 @@ def cmd_dvc(args: argparse.Namespace) -> int:
 
 def cmd_stage(args: argparse.Namespace) -> int:
     from kiln.executors import execute
+    from kiln.outputs import ChecksumError, OutputError
+    from kiln.stage import StageInputError
 
-    s = execute(args.name, args.input, args.output, _cfg(args.overrides))
+    try:
+        s = execute(args.name, args.input, args.output, _cfg(args.overrides), overwrite=args.overwrite)
+    except (StageInputError, OutputError, ChecksumError) as e:  # a refusal or a bad input: one plain line, no traceback
+        print(f"kiln: {e}", file=sys.stderr)
+        return 2
     print(s.to_json(), end="")
     return 0
 
@@ -171,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("stage", help="run one data stage: Parquet in, kept + rejected Parquet out (on cluster.executor)")
     s.add_argument("name")
     s.add_argument("--input", required=True)
-    s.add_argument("--output", required=True)
+    s.add_argument("--output", required=True, help="a new folder, or an earlier kiln stage output (it carries .kiln-output) to replace")
+    s.add_argument("--overwrite", action="store_true", help="replace an output folder that holds files kiln did not write (never the input)")
     s.add_argument("overrides", nargs="*")
     s.set_defaults(fn=cmd_stage)
 
