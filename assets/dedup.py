@@ -13,10 +13,9 @@ bit mask), so a left-right flipped copy is found too; the distance of a pair is 
 d(a, b) and d(mirror(a), b) (= d(a, mirror(b))), and the same pigeonhole argument keeps the search exact.
 
 Each group keeps one row: the largest width * height, then the largest file, then the smallest id. Every other member is
-rejected. Byte-identical rows (one md5) are one class whose representative is chosen by the same order; every
-other row of the class is EXACT_DUPLICATE with the representative's id (the same md5) as detail and 0 as value,
-whatever group the class joins, so all copies of one file get one reason. A representative that is not its
-group's keeper is NEAR_DUPLICATE with the keeper's id as detail and its pHash distance to the keeper as value.
+rejected with the keeper's id as detail and its pHash distance to the keeper as value: EXACT_DUPLICATE when it is a
+byte copy of the keeper (the same md5), NEAR_DUPLICATE otherwise. So all copies of one file get one reason: when a
+larger picture outranks them, every copy is a near duplicate of it, none an "exact" duplicate of other bytes.
 """
 
 from __future__ import annotations
@@ -176,8 +175,7 @@ def keepers(labels: np.ndarray, pixels: np.ndarray, sizes: np.ndarray, ids: np.n
 @dataclass(frozen=True)
 class Groups:
     keeper: np.ndarray  # row index of each row's keeper (itself for kept rows)
-    exact: np.ndarray  # bool: a byte copy of another member that is not its md5 class's representative
-    twin: np.ndarray  # row index of each row's md5 class representative (itself for representatives)
+    exact: np.ndarray  # bool: a byte copy of its keeper (the same md5), not the keeper itself
     distance: np.ndarray  # pHash distance to the keeper (to its mirror when that is nearer and mirror is on)
 
 
@@ -200,7 +198,7 @@ def find_groups(table: pa.Table, phash_radius: int, color_radius: int, bands: in
     distance = hamming_rows(pw, pw[keeper])
     if mirror:
         distance = np.minimum(distance, hamming_rows(to_words(mirror_phash(phash), PHASH_BYTES), pw[keeper]))
-    return Groups(keeper, rep != np.arange(n), rep, distance)
+    return Groups(keeper, (md5_class == md5_class[keeper]) & (keeper != np.arange(n)), distance)
 
 
 def dedup(table: pa.Table, cfg: KilnConfig) -> StageOutput:
@@ -212,10 +210,8 @@ def dedup(table: pa.Table, cfg: KilnConfig) -> StageOutput:
     ids, uris = table.column("id").to_pylist(), table.column("uri").to_pylist()
     kept_rows = np.flatnonzero(g.keeper == np.arange(table.num_rows))
     for r in np.flatnonzero(g.keeper != np.arange(table.num_rows)):
-        if g.exact[r]:  # a byte copy points at the copy of the same md5 its class keeps (which may be a near duplicate itself)
-            rejects.add(ids[r], uris[r], Reason.EXACT_DUPLICATE, 0.0, ids[g.twin[r]])
-        else:
-            rejects.add(ids[r], uris[r], Reason.NEAR_DUPLICATE, float(g.distance[r]), ids[g.keeper[r]])
+        reason = Reason.EXACT_DUPLICATE if g.exact[r] else Reason.NEAR_DUPLICATE
+        rejects.add(ids[r], uris[r], reason, float(g.distance[r]), ids[g.keeper[r]])
     kept = table.take(pa.array(kept_rows)).append_column("dup_group", pa.array([ids[r] for r in kept_rows], pa.string()))
     return StageOutput(kept, rejects.table())
 
@@ -233,13 +229,15 @@ GROUPS = pa.schema(
 
 
 def groups_table(kept: pa.Table, rejected: pa.Table) -> pa.Table:
-    """Duplicate groups of two or more members, keeper first, from the dedup stage's kept + rejected rows.
-
-    An exact duplicate whose md5 twin is itself a near duplicate belongs to the twin's keeper's group."""
+    """Duplicate groups of two or more members, keeper first, from the dedup stage's kept + rejected rows."""
     dup_reasons = {Reason.EXACT_DUPLICATE.value, Reason.NEAR_DUPLICATE.value}
-    rows = [r for r in zip(*(rejected.column(c).to_pylist() for c in ("id", "uri", "reason", "value", "detail"))) if r[2] in dup_reasons]
-    near_keeper = {id: detail for id, _, reason, _, detail in rows if reason == Reason.NEAR_DUPLICATE.value}
-    members = [(near_keeper.get(detail, detail), id, uri, reason, value) for id, uri, reason, value, detail in rows]
+    members = [
+        (detail, id, uri, reason, value)
+        for id, uri, reason, value, detail in zip(
+            *(rejected.column(c).to_pylist() for c in ("id", "uri", "reason", "value", "detail"))
+        )
+        if reason in dup_reasons
+    ]
     grouped = {m[0] for m in members}
     keeper_rows = [
         (g, id, uri, "keeper", 0.0)
