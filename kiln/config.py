@@ -413,6 +413,9 @@ class ClusterConfig(Strict):
         "auto", description="where data stages run (kiln.executors); auto: a process pool locally, Slurm arrays on kind=slurm"
     )
     workers: int = Field(2, ge=1, le=4096, description="local process pool size for data stages (and queue workers)")
+    # the warehouse queue (kiln.warehouse): a claimed batch that outlives its lease is taken back and its worker stopped
+    queue_lease_s: float = Field(1800.0, ge=0.5, le=7 * 86400, description="seconds a worker may hold a claimed batch before it counts as hung (reject: timeout)")
+    queue_max_attempts: int = Field(3, ge=1, le=100, description="attempts per row (counted at claim) before it becomes a reject: stage_error, worker_crash or timeout")
     # training jobs: one task per GPU (or `tasks_per_node` tasks per node on CPU-only profiles)
     partition: str | None = Field(None, description="Slurm partition of training jobs; None = the cluster default")
     nodes: int = Field(1, ge=1)

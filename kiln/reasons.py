@@ -49,6 +49,10 @@ class Reason(StrEnum):
     NO_PROMPT = "no_prompt"  # nothing left of the caption to make a user prompt from
     PACK_ERROR = "pack_error"
     NOT_IN_MIX = "not_in_mix"  # detail = the mix file: the stage's training set is a mix (midtrain, SFT) and this row is not in it
+    # warehouse queue (kiln.warehouse): a row that failed every one of its attempts, detail = the last error
+    STAGE_ERROR = "stage_error"  # the stage raised on this row alone
+    WORKER_CRASH = "worker_crash"  # the worker process died (SIGKILL, segfault, OOM) while it held the row
+    TIMEOUT = "timeout"  # the row's batch ran past its lease (cluster.queue_lease_s); value = the lease in seconds
     # warehouse probe stages (kiln.warehouse.probes): synthetic, for queue tests and benchmarks
     PROBE_REJECT = "probe_reject"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
+import pyarrow.compute as pc
 import pytest
 
 import kiln.warehouse as wh
@@ -38,16 +39,19 @@ def test_two_runs_write_byte_identical_files_whatever_the_worker_count(tmp_path)
     assert a == b and len(a) > 10
 
 
-def test_a_poison_row_is_retried_behind_the_others_then_left_with_its_error(tmp_path):
+def test_a_poison_row_is_retried_behind_the_others_then_rejected_with_its_error(tmp_path):
     handle = wh.map(COMPUTE, probe_rows(120, poison=[7]), workers=1, batch_size=40, cfg=CFG, max_attempts=3, root=tmp_path)
     final = handle.wait(progress_bar=False, timeout=60)
-    assert (final.done, final.failed, final.pending, final.remaining) == (119, 1, 0, 1)
+    assert (final.done, final.failed, final.pending, final.remaining) == (120, 0, 0, 0)
     attempts, status, error = handle.state()["row-0000007"]
-    assert (attempts, status) == (3, None) and "poison rows ['row-0000007']" in error
-    # pass 0 holds every batch with the poison row's 39 batch-mates done; the retries are passes 1 and 2
+    assert (attempts, status) == (3, "rejected") and "poison rows ['row-0000007']" in error
+    (reject,) = handle.results().rejected.filter(pc.field("id") == "row-0000007").to_pylist()
+    assert reject["reason"] == Reason.STAGE_ERROR and reject["detail"].endswith("(after 3 attempts)")
+    # pass 0 holds every batch with the poison row's 39 batch-mates done; the retries are passes 1 and 2,
+    # and the row that failed them all is rejected in the last file
     parts = sorted(p.name for p in (tmp_path / "images__probe_compute").glob("part-*.parquet"))
     assert parts == ["part-00-00000.parquet", "part-00-00001.parquet", "part-00-00002.parquet",
-                     "part-01-00000.parquet", "part-02-00000.parquet"]
+                     "part-01-00000.parquet", "part-02-00000.parquet", "part-03-00000.parquet"]
 
 
 def test_another_process_can_attach_and_query_with_duckdb(tmp_path):

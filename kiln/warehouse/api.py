@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from kiln.config import KilnConfig, load_config
+from kiln.progress import log
 from kiln.stage import Stage, StageOutput
 from kiln.warehouse import postgres as pg
 from kiln.warehouse.embedded import EmbeddedHandle, EmbeddedJob, default_root
@@ -21,7 +22,7 @@ from kiln.warehouse.embedded import start as start_embedded
 from kiln.warehouse.handle import Progress, wait_until
 from kiln.warehouse.processes import worker_context
 from kiln.warehouse.stages import resolve_stage, stage_ref
-from kiln.warehouse.worker import run_worker
+from kiln.warehouse.worker import TIMEOUT_EXIT, run_worker
 
 
 class PostgresHandle:
@@ -31,6 +32,8 @@ class PostgresHandle:
         self.dsn, self.job = dsn, job
         self.processes: list[multiprocessing.process.BaseProcess] = []
         self.slurm_jobs: list = []  # submitit jobs of Slurm-array workers this handle submitted
+        self._replaced: set[int] = set()  # pids of lost local workers already replaced
+        self._claimed_when_replaced = -1  # the queue's attempt count at the last replacement
 
     @property
     def stage(self) -> str:
@@ -66,9 +69,32 @@ class PostgresHandle:
         return Progress(c["total"], c["kept"], c["rejected"], c["failed"], c["pending"], c["rate"])
 
     def _finished(self, p: Progress) -> bool:  # all done, or nobody of ours left to do it
+        if p.pending == 0:
+            return True
+        self._replace_lost_workers()
         started = self.processes or self.slurm_jobs
         workers_gone = bool(started) and not any(w.is_alive() for w in self.processes) and self._slurm_workers_ended()
         return p.pending == 0 or workers_gone
+
+    def _replace_lost_workers(self) -> None:
+        """A local worker killed by a signal (SIGKILL, a segfault) or stopped by its lease watchdog is
+        replaced while rows remain, so a poison row costs one worker per attempt, never the job. Only
+        while the queue advances: if the previous replacements died before claiming anything, something
+        other than a row kills them, and `wait` reports it instead of starting workers forever."""
+        lost = [
+            w for w in self.processes
+            if w.exitcode is not None and (w.exitcode < 0 or w.exitcode == TIMEOUT_EXIT) and w.pid not in self._replaced
+        ]
+        if not lost:
+            return
+        with pg.connect(self.dsn) as conn:
+            claimed = pg.attempts_claimed(conn, self.job)
+        if claimed == self._claimed_when_replaced:
+            return
+        self._claimed_when_replaced = claimed
+        self._replaced.update(w.pid for w in lost)
+        log.warning("%s: %d workers lost (exit codes %s); starting replacements", self.stage, len(lost), [w.exitcode for w in lost])
+        self.add_workers(len(lost))
 
     def _slurm_workers_ended(self) -> bool:
         if not self.slurm_jobs:
@@ -83,6 +109,12 @@ class PostgresHandle:
         final = wait_until(self.progress, self._finished, self.stage, progress_bar, timeout=timeout)
         for w in self.processes:
             w.join(timeout=30)
+        if final.pending and self.processes:  # every worker of ours is gone: settle what they left behind
+            with pg.connect(self.dsn) as conn:
+                pg.release_abandoned(conn, self.job)
+                with conn.transaction():
+                    pg.reject_exhausted(conn, self.job)
+            final = self.progress()
         if final.pending:
             codes = [w.exitcode for w in self.processes] + [j.job_id for j in self.slurm_jobs]
             raise RuntimeError(f"{self.stage}: workers exited (codes {codes}) with {final.pending} rows left; add_workers() to finish")
@@ -116,30 +148,36 @@ def map(
     table: str = "images",
     batch_size: int = 256,
     cfg: KilnConfig | None = None,
-    max_attempts: int = 3,
+    max_attempts: int | None = None,
     root: Path | str | None = None,
+    lease_s: float | None = None,
 ) -> Handle:
     """Start `stage` over rows (loaded into warehouse table `table`) or over an existing warehouse table.
 
     Returns at once; `handle.wait()` blocks with a progress bar, `handle.results()` gives the kept and
-    rejected tables sorted by id. On Postgres, mapping the same rows again resumes: finished rows keep
-    their results. The embedded path (dsn=None) starts fresh each time, under `root`.
+    rejected tables sorted by id. Mapping the same rows under the same config again resumes: finished
+    rows keep their results (Postgres, and the embedded path under the same `root`). A queue that holds
+    results of another config is refused, never reused. `max_attempts` and `lease_s` (seconds a batch
+    may run before it counts as hung) default to `cluster.queue_max_attempts` / `cluster.queue_lease_s`.
     """
     ref = stage_ref(stage)
     st = resolve_stage(ref)
     if st.scope != "shard":
         raise ValueError(f"stage {st.name!r} is {st.scope}-scoped (needs all rows at once); it cannot run on a row queue")
     cfg = cfg if cfg is not None else load_config()
+    max_attempts = max_attempts if max_attempts is not None else cfg.cluster.queue_max_attempts
+    lease_s = lease_s if lease_s is not None else cfg.cluster.queue_lease_s
     rows = None if isinstance(table_or_rows, str) else _as_table(table_or_rows, st)
     input_name = table_or_rows if isinstance(table_or_rows, str) else table
     if dsn is None:
-        return start_embedded(ref, rows, input_name, cfg, Path(root or default_root()), workers, batch_size, max_attempts)
+        return start_embedded(ref, rows, input_name, cfg, Path(root or default_root()), workers, batch_size, max_attempts, lease_s)
 
-    job = pg.Job(input_name, st.name, ref, cfg.model_dump(mode="json"), batch_size, max_attempts)
+    job = pg.Job(input_name, st.name, ref, cfg.model_dump(mode="json"), batch_size, max_attempts, lease_s)
     with pg.connect(dsn) as conn:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (pg.DDL_LOCK,))
             pg.ensure_registry(conn)
+            pg.refuse_other_config(conn, job)
         if rows is not None:
             pg.load_rows(conn, input_name, rows)
         have = pg.table_schema(conn, input_name)

@@ -6,19 +6,28 @@ import argparse
 from pathlib import Path
 
 
-def run_map(stage: str, input_dir: Path, output: Path, cfg, dsn: str | None, workers: int, table: str, log=print, slurm_workers: int = 0):
+def run_map(
+    stage: str, input_dir: Path, output: Path, cfg, dsn: str | None, workers: int, table: str | None = None, log=print, slurm_workers: int = 0
+):
     """Load a stage input folder into the warehouse, work it with `workers` local processes (and
     `slurm_workers` Slurm array tasks, Postgres only), write the usual OUT/kept, OUT/rejected,
-    OUT/summary.json (rows sorted by id). Shared by the CLI and Dagster."""
+    OUT/summary.json (rows sorted by id). Shared by the CLI and Dagster.
+
+    The warehouse table is keyed by stage, input version and config (`kiln.executors.queue_table`) unless
+    `table` names one: a changed config or input never finds the results of another, and the same run
+    again resumes. Every input row must come out kept or rejected exactly once, else this fails.
+    """
     import pyarrow as pa
 
     import kiln.warehouse as wh
+    from kiln.executors import queue_table
     from kiln.stage import get_stage, input_shards, write_stage_output
 
     st = get_stage(stage)
     rows = pa.concat_tables(input_shards(st, Path(input_dir), cfg))
     if slurm_workers and dsn is None:
         raise ValueError("Slurm queue workers need the Postgres warehouse (--dsn or --postgres)")
+    table = table or queue_table(stage, input_dir, cfg)
     handle = wh.map(stage, rows, dsn=dsn, workers=workers, table=table, cfg=cfg)
     log(f"{stage}: {rows.num_rows} rows on {'postgres' if dsn else 'the embedded warehouse'} table {table!r}, {workers} workers")
     if slurm_workers:
@@ -26,7 +35,23 @@ def run_map(stage: str, input_dir: Path, output: Path, cfg, dsn: str | None, wor
     p = handle.wait(progress_bar=True)
     if p.remaining:
         raise RuntimeError(f"{stage}: {p.remaining} rows without a result ({p.failed} failed after every attempt); see handle.state()")
-    return write_stage_output(st, rows.num_rows, [handle.results()], Path(output), cfg)
+    results = handle.results()
+    check_rows_out(stage, table, rows, results)
+    return write_stage_output(st, rows.num_rows, [results], Path(output), cfg)
+
+
+def check_rows_out(stage: str, table: str, rows, results) -> None:
+    """Rows in == kept + rejected out, id for id: a warehouse table that also holds other rows (an earlier
+    map into the same name) must fail here, not be written as this input's output."""
+    ins = set(rows.column("id").to_pylist())
+    outs = results.kept.column("id").to_pylist() + results.rejected.column("id").to_pylist()
+    if len(outs) != len(ins) or set(outs) != ins:
+        extra, missing = sorted(set(outs) - ins), sorted(ins - set(outs))
+        raise RuntimeError(
+            f"{stage}: {len(ins)} rows in but {results.kept.num_rows} kept + {results.rejected.num_rows} rejected out "
+            f"of warehouse table {table!r} ({len(extra)} not in this input, e.g. {extra[:3]}; {len(missing)} without a "
+            f"result, e.g. {missing[:3]}); map into a table of its own (leave --table out: kiln map keys one by input and config)"
+        )
 
 
 def cmd_map(args: argparse.Namespace) -> int:
@@ -56,12 +81,12 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--postgres", action="store_true", help="use KILN_PG_DSN, or start the local Postgres")
     m.add_argument("--workers", type=int, default=2, help="local worker processes (more can join: kiln.warehouse.run_worker)")
     m.add_argument("--slurm-workers", type=int, default=0, help="also this many workers as a Slurm job array (Postgres; a cluster=... profile)")
-    m.add_argument("--table", default="images")
+    m.add_argument("--table", default=None, help="warehouse table name (default: one keyed by stage, input version and config)")
     m.add_argument("overrides", nargs="*")
     m.set_defaults(fn=cmd_map)
 
     w = subparsers.add_parser("watch", help="attach to a running map job and show its progress")
     w.add_argument("stage")
-    w.add_argument("--table", default="images")
+    w.add_argument("--table", required=True, help="the table `kiln map` named in its first line")
     w.add_argument("--dsn", default=None)
     w.set_defaults(fn=cmd_watch, overrides=[])

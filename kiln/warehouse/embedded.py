@@ -4,25 +4,29 @@ Layout under the root (default data/warehouse), mirroring the Postgres tables na
 
     <T>/part-*.parquet                      the input rows
     <T>__<S>/job.json, done.json            the job, and its end marker
-    <T>__<S>/part-PP-BBBBB.parquet          queue state per (pass, batch): id, status, error, attempts
+    <T>__<S>/part-PP-BBBBB.parquet          queue state per (pass, batch): id, status, error, failure, attempts
     <T>__<S>__kept/part-PP-BBBBB.parquet    kept rows (a valid input folder for kiln.stage and for map)
     <T>__<S>__rejected/part-PP-BBBBB.parquet
 
-Pass 0 runs every batch on a process pool; rows a stage raised on go to the back, into pass 1, and so
-on up to max_attempts passes: the retry order of the Postgres queue. Each file is written atomically
-when its batch finishes, so another process can watch progress live. File names depend only on the
-input and the batch size, never on timing or worker count: two runs write byte-identical files.
+Pass 0 runs every batch on worker processes (kiln.warehouse.pool); rows that failed go to the back,
+into pass 1, one row per batch, and so on up to max_attempts passes: the retry order of the Postgres
+queue. A row fails when the stage raises on it (`stage_error`), when its worker process dies under it
+(`worker_crash`) or when its batch outlives the lease (`timeout`, the worker is killed); a row that fails
+every pass becomes a reject with that reason, in a last file `part-<max_attempts>-00000`. Each file is
+written atomically when its batch finishes, so another process can watch progress live, and a run that
+is stopped resumes where it was: mapping the same input under the same config again skips every batch
+whose state file is there. File names depend only on the input and the batch size, never on timing or
+worker count: two runs write byte-identical files.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from functools import lru_cache
 from pathlib import Path
 
 import duckdb
@@ -32,11 +36,13 @@ import pyarrow.parquet as pq
 
 from kiln.config import KilnConfig
 from kiln.paths import artifact
+from kiln.reasons import Reason
 from kiln.schemas import REJECTED
-from kiln.stage import StageOutput, read_dataset, split_rows, write_shards, write_table
-from kiln.warehouse.batch import BatchResult, process_batch
+from kiln.sql import quote_identifier, read_parquet
+from kiln.stage import Rejects, StageOutput, read_dataset, split_rows, write_shards, write_table
+from kiln.warehouse.batch import MAX_ERROR_CHARS, BatchResult
 from kiln.warehouse.handle import Progress, wait_until
-from kiln.warehouse.processes import worker_context
+from kiln.warehouse.pool import BatchPool, Lost
 from kiln.warehouse.postgres import kept_table, queue_table, rejected_table
 from kiln.warehouse.stages import resolve_stage
 
@@ -45,6 +51,7 @@ STATE = pa.schema(
         pa.field("id", pa.string(), nullable=False),
         pa.field("status", pa.string()),
         pa.field("error", pa.string()),
+        pa.field("failure", pa.string()),  # the reason code of a failed attempt: stage_error, worker_crash, timeout
         pa.field("attempts", pa.int32(), nullable=False),
     ]
 )
@@ -55,35 +62,34 @@ def default_root() -> Path:
     return artifact("warehouse")
 
 
-@lru_cache(maxsize=8)
-def _stage_and_config(stage_ref: str, config_json: str):
-    return resolve_stage(stage_ref), KilnConfig.model_validate_json(config_json)
-
-
-def run_batch(stage_ref: str, config_json: str, rows: pa.Table) -> BatchResult:
-    """One batch in a pool process; the stage and config are resolved once per process."""
-    stage, cfg = _stage_and_config(stage_ref, config_json)
-    return process_batch(stage, rows, cfg)
-
-
 def _write_atomic(table: pa.Table, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     write_table(table, tmp)
     os.replace(tmp, path)
 
 
-def state_table(result: BatchResult, attempts: int) -> pa.Table:
+def state_table(ids: list[str], status: list[str | None], error: list[str | None], failure: list[str | None], attempts: int) -> pa.Table:
+    return pa.table({"id": ids, "status": status, "error": error, "failure": failure, "attempts": [attempts] * len(ids)}, schema=STATE)
+
+
+def batch_state(result: BatchResult, attempts: int) -> pa.Table:
     statuses = result.statuses()
-    ids = list(statuses) + list(result.failed)
-    return pa.table(
-        {
-            "id": ids,
-            "status": list(statuses.values()) + [None] * len(result.failed),
-            "error": [None] * len(statuses) + list(result.failed.values()),
-            "attempts": [attempts] * len(ids),
-        },
-        schema=STATE,
+    n_ok, n_bad = len(statuses), len(result.failed)
+    return state_table(
+        list(statuses) + list(result.failed),
+        list(statuses.values()) + [None] * n_bad,
+        [None] * n_ok + list(result.failed.values()),
+        [None] * n_ok + [Reason.STAGE_ERROR.value] * n_bad,
+        attempts,
     )
+
+
+def files_digest(folder: Path) -> str:
+    """sha256 over a folder's part files, names and bytes: the input version a job's results belong to."""
+    h = hashlib.sha256()
+    for p in sorted(folder.glob("part-*.parquet")):
+        h.update(p.name.encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
 
 
 class EmbeddedJob:
@@ -118,19 +124,46 @@ class EmbeddedJob:
         """Results first, queue state last: a state file names only rows whose results are on disk."""
         _write_atomic(result.kept.cast(output_schema), self.kept / name)
         _write_atomic(result.rejected.cast(REJECTED), self.rejected / name)
-        _write_atomic(state_table(result, attempts), self.queue / name)
+        _write_atomic(batch_state(result, attempts), self.queue / name)
+
+    def write_lost(self, name: str, ids: list[str], lost: Lost, attempts: int) -> None:
+        """A batch whose worker died or timed out: an attempt spent on each of its rows, no results."""
+        n = len(ids)
+        _write_atomic(state_table(ids, [None] * n, [lost.error] * n, [lost.failure] * n, attempts), self.queue / name)
+
+    def write_exhausted(self, name: str, rows: pa.Table, last: dict[str, tuple[str, str]], attempts: int, lease_s: float) -> None:
+        """Rows that failed every attempt, as rejects whose reason is their last failure and detail its error."""
+        rejects = Rejects(self.stage)
+        uris = rows.column("uri").to_pylist() if "uri" in rows.column_names else [""] * rows.num_rows
+        for i, uri in zip(rows.column("id").to_pylist(), uris):
+            failure, error = last[i]
+            value = lease_s if failure == Reason.TIMEOUT else None
+            rejects.add(i, uri or "", failure, value=value, detail=f"{error} (after {attempts} attempts)"[:MAX_ERROR_CHARS])
+        ids = list(last)
+        _write_atomic(rejects.table(), self.rejected / name)
+        n = len(ids)
+        state = state_table(ids, ["rejected"] * n, [last[i][1] for i in ids], [last[i][0] for i in ids], attempts)
+        _write_atomic(state, self.queue / name)
+
+    def failures_in(self, name: str) -> dict[str, tuple[str, str]]:
+        """id -> (failure, error) of the rows a finished batch left without a result."""
+        t = pq.read_table(self.queue / name).filter(pc.is_null(pc.field("status")))
+        return {i: (f or Reason.STAGE_ERROR.value, e or "") for i, f, e in zip(*(t.column(c).to_pylist() for c in ("id", "failure", "error")))}
 
     def connection(self) -> duckdb.DuckDBPyConnection:
-        """DuckDB with one view per table, named as in Postgres; the queue view is each row's latest state."""
+        """DuckDB with one view per table, named as in Postgres; the queue view is each row's latest state.
+
+        Every name and path is quoted (kiln.sql) and files are listed, not globbed, so any folder name works.
+        """
         con = duckdb.connect()
         for name, folder in ((self.table, self.input), (self.kept.name, self.kept), (self.rejected.name, self.rejected)):
-            if any(folder.glob("part-*.parquet")):
-                con.execute(f"CREATE VIEW \"{name}\" AS SELECT * FROM read_parquet('{folder}/part-*.parquet')")
-        if any(self.queue.glob("part-*.parquet")):
+            if parts := sorted(folder.glob("part-*.parquet")):
+                con.execute(f"CREATE VIEW {quote_identifier(name)} AS SELECT * FROM {read_parquet(parts)}")
+        if parts := sorted(self.queue.glob("part-*.parquet")):
             con.execute(
-                f"""CREATE VIEW "{self.queue.name}" AS SELECT * EXCLUDE (filename),
-                        regexp_extract(filename, '[^/]+$') AS part FROM read_parquet('{self.queue}/part-*.parquet', filename=true)
-                    QUALIFY row_number() OVER (PARTITION BY id ORDER BY attempts DESC) = 1"""
+                f"""CREATE VIEW {quote_identifier(self.queue.name)} AS SELECT * EXCLUDE (filename),
+                        regexp_extract(filename, '[^/]+$') AS part FROM {read_parquet(parts, filename=True)}
+                    QUALIFY row_number() OVER (PARTITION BY id ORDER BY attempts DESC, filename DESC) = 1"""
             )
         return con
 
@@ -140,15 +173,15 @@ class EmbeddedJob:
         if not any(self.queue.glob("part-*.parquet")):
             return Progress(total, 0, 0, 0, total, 0.0)
         con = self.connection()
+        q = quote_identifier(self.queue.name)
         kept, rejected, failed, exhausted = con.execute(
             f"""SELECT count(*) FILTER (WHERE status = 'kept'), count(*) FILTER (WHERE status = 'rejected'),
                        count(*) FILTER (WHERE status IS NULL),
-                       count(*) FILTER (WHERE status IS NULL AND attempts >= {int(max_attempts)})
-                FROM "{self.queue.name}" """
+                       count(*) FILTER (WHERE status IS NULL AND attempts >= $max)
+                FROM {q}""",
+            {"max": int(max_attempts)},
         ).fetchone()
-        per_part = dict(
-            con.execute(f'SELECT part, count(status) FROM "{self.queue.name}" GROUP BY part').fetchall()
-        )
+        per_part = dict(con.execute(f"SELECT part, count(status) FROM {q} GROUP BY part").fetchall())
         con.close()
         now = time.time()
         mtimes = {p.name: p.stat().st_mtime for p in self.queue.glob("part-*.parquet")}
@@ -165,52 +198,64 @@ class EmbeddedJob:
     def state(self) -> dict[str, tuple[int, str | None, str | None]]:
         """id -> (attempts, status, error): each row's latest queue state."""
         con = self.connection()
-        rows = con.execute(f'SELECT id, attempts, status, error FROM "{self.queue.name}" ORDER BY id').fetchall()
+        rows = con.execute(f"SELECT id, attempts, status, error FROM {quote_identifier(self.queue.name)} ORDER BY id").fetchall()
         con.close()
         return {i: (a, s, e) for i, a, s, e in rows}
 
 
 def prepare(job: EmbeddedJob, rows: pa.Table | None, meta: dict) -> pa.Table:
-    """A fresh job: previous results removed, input rows written (or read, for a named table)."""
-    for folder in (job.queue, job.kept, job.rejected):
-        if folder.exists():
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True)
+    """The job's input rows, written (or read, for a named table), and its folders: kept as they are when
+    the job on disk ran the same stage and config over the same input (a resume), else emptied (only
+    these three folders, which the warehouse itself wrote)."""
     if rows is not None:
         if job.input.exists():
             shutil.rmtree(job.input)
         write_shards(split_rows(rows, 100_000), job.input, rows.schema)
     else:
         rows = read_dataset(job.input)
-    (job.queue / "job.json").write_text(json.dumps({**meta, "total": rows.num_rows}, indent=2, sort_keys=True))
+    meta = {**meta, "total": rows.num_rows, "input_sha256": files_digest(job.input)}
+    on_disk = json.loads((job.queue / "job.json").read_text()) if (job.queue / "job.json").exists() else None
+    if on_disk == meta:
+        (job.queue / "done.json").unlink(missing_ok=True)
+        return rows
+    for folder in (job.queue, job.kept, job.rejected):
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+    (job.queue / "job.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
     return rows
 
 
-def run_passes(job: EmbeddedJob, rows: pa.Table, stage_ref: str, config_json: str, batch_size: int, workers: int, max_attempts: int) -> None:
-    """Every batch, then the rows that raised at the back, up to max_attempts passes; then done.json."""
+def run_passes(job: EmbeddedJob, rows: pa.Table, stage_ref: str, config_json: str, batch_size: int, workers: int, max_attempts: int, lease_s: float) -> None:
+    """Every batch, then the rows that failed, one per batch, up to max_attempts passes; rows that failed
+    them all become rejects; then done.json. A batch whose state file exists is done (a resume)."""
     stage = resolve_stage(stage_ref)
-    module = (stage_ref.split(":")[0],) if ":" in stage_ref else ()
-    pool = ProcessPoolExecutor(workers, mp_context=worker_context(("kiln.warehouse.embedded", *module))) if workers > 1 else None
-    try:
-        todo = rows.select(stage.input_schema.names)
+    todo = rows.select(stage.input_schema.names)
+    last: dict[str, tuple[str, str]] = {}  # id -> (failure, error) of its latest failed attempt
+    with BatchPool(workers, stage_ref, config_json, lease_s) as pool:
         for attempt in range(1, max_attempts + 1):
             if not todo.num_rows:
                 break
-            batches = split_rows(todo, batch_size)
+            batches = split_rows(todo, batch_size if attempt == 1 else 1)
             names = [f"part-{attempt - 1:02d}-{i:05d}.parquet" for i in range(len(batches))]
-            if pool is None:
-                done = ((n, run_batch(stage_ref, config_json, b)) for n, b in zip(names, batches))
-            else:
-                futs = {pool.submit(run_batch, stage_ref, config_json, b): n for n, b in zip(names, batches)}
-                done = ((futs[f], f.result()) for f in as_completed(futs))
-            failed: list[str] = []
-            for name, result in done:
-                job.write_batch(name, result, attempt, stage.output_schema)
-                failed += sorted(result.failed)
-            todo = todo.filter(pc.is_in(todo.column("id"), pa.array(failed, pa.string())))
-    finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
+            failed: dict[str, tuple[str, str]] = {}
+            for name in names:
+                if (job.queue / name).exists():
+                    failed.update(job.failures_in(name))
+            run = [(n, b) for n, b in zip(names, batches) if not (job.queue / n).exists()]
+            by_name = dict(run)
+            for name, outcome in pool.run(run):
+                if isinstance(outcome, Lost):
+                    ids = by_name[name].column("id").to_pylist()
+                    job.write_lost(name, ids, outcome, attempt)
+                    failed.update(dict.fromkeys(ids, (outcome.failure, outcome.error)))
+                else:
+                    job.write_batch(name, outcome, attempt, stage.output_schema)
+                    failed.update({i: (Reason.STAGE_ERROR.value, e) for i, e in outcome.failed.items()})
+            last = failed
+            todo = todo.filter(pc.is_in(todo.column("id"), pa.array(list(failed), pa.string())))
+    if todo.num_rows:
+        job.write_exhausted(f"part-{max_attempts:02d}-00000.parquet", todo, {i: last[i] for i in todo.column("id").to_pylist()}, max_attempts, lease_s)
     (job.queue / "done.json").write_text("{}\n")
 
 
@@ -230,12 +275,12 @@ class EmbeddedHandle:
         return self.job.progress()
 
     def wait(self, progress_bar: bool = True, timeout: float | None = None) -> Progress:
-        final = wait_until(self.progress, lambda p: self.job.finished() or self._crashed(), f"{self.stage} (embedded)", progress_bar, timeout=timeout)
+        wait_until(self.progress, lambda p: self.job.finished() or self._crashed(), f"{self.stage} (embedded)", progress_bar, timeout=timeout)
         if self._thread is not None:
             self._thread.join()
         if self.error is not None:
             raise RuntimeError(f"embedded {self.stage} run failed: {self.error}") from self.error
-        return self.progress() if final.pending else final
+        return self.progress()  # read again after the end: the last poll may predate the last file
 
     def _crashed(self) -> bool:
         return self._thread is not None and not self._thread.is_alive() and not self.job.finished()
@@ -254,12 +299,21 @@ class EmbeddedHandle:
             con.close()
 
 
-def start(stage_ref: str, rows: pa.Table | None, table: str, cfg: KilnConfig, root: Path, workers: int, batch_size: int, max_attempts: int) -> EmbeddedHandle:
-    """Begin an embedded run in a background thread (which drives the process pool) and return its handle."""
+def start(
+    stage_ref: str, rows: pa.Table | None, table: str, cfg: KilnConfig, root: Path, workers: int, batch_size: int, max_attempts: int, lease_s: float
+) -> EmbeddedHandle:
+    """Begin (or resume) an embedded run in a background thread, which drives the worker processes, and return its handle."""
     stage = resolve_stage(stage_ref)
     job = EmbeddedJob(root, table, stage.name)
     config_json = cfg.model_dump_json()
-    meta = {"stage_ref": stage_ref, "batch_size": batch_size, "max_attempts": max_attempts}
+    results_config = cfg.model_dump_json(exclude={"cluster"})  # where rows run changes no result
+    meta = {
+        "stage_ref": stage_ref,
+        "batch_size": batch_size,
+        "max_attempts": max_attempts,
+        "lease_s": lease_s,
+        "config_sha256": hashlib.sha256(results_config.encode()).hexdigest(),
+    }
     missing = [n for n in stage.input_schema.names if n not in job.input_schema(rows).names]
     if missing:
         raise ValueError(f"warehouse table {table!r} lacks the columns {missing} that stage {stage.name!r} reads")
@@ -268,7 +322,7 @@ def start(stage_ref: str, rows: pa.Table | None, table: str, cfg: KilnConfig, ro
 
     def drive() -> None:
         try:
-            run_passes(job, rows, stage_ref, config_json, batch_size, workers, max_attempts)
+            run_passes(job, rows, stage_ref, config_json, batch_size, workers, max_attempts, lease_s)
         except BaseException as e:  # noqa: BLE001 - handed to wait()
             handle.error = e
 

@@ -3,12 +3,17 @@
 They take `PROBE_INPUT` rows, whose columns steer them deterministically: `poison` makes COMPUTE raise
 (a stage bug on one row), `sleep_s` makes it slow (so a worker can be killed mid-batch), `x` feeds a
 deterministic computation with rejects, so results can be compared row for row between paths.
+FAULTS takes `FAULT_INPUT` rows whose `fault` column makes the worker process itself fail on that row:
+SIGKILL, a segfault, or a hang. Run it only on worker processes, never in the caller's own.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
+import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -99,6 +104,48 @@ def filterlike(rows: pa.Table, cfg: KilnConfig) -> StageOutput:
     return StageOutput(out, Rejects("probe_filterlike").table())
 
 
+FAULT_INPUT = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("uri", pa.string(), nullable=False),
+        pa.field("x", pa.int64(), nullable=False),
+        pa.field("fault", pa.string()),  # None, "raise", "sigkill", "segfault" or "hang"
+    ]
+)
+FAULT_KINDS = ("raise", "sigkill", "segfault", "hang")
+
+
+def fault_rows(n: int, fault_at: Mapping[int, str] | None = None) -> pa.Table:
+    """n rows with ids row-0000000...; the row at index i carries fault_at[i]."""
+    fault_at = dict(fault_at or {})
+    if not set(fault_at.values()) <= set(FAULT_KINDS):
+        raise ValueError(f"faults are {FAULT_KINDS}, not {sorted(set(fault_at.values()) - set(FAULT_KINDS))}")
+    return pa.table(
+        {
+            "id": [f"row-{i:07d}" for i in range(n)],
+            "uri": [f"probe://{i}" for i in range(n)],
+            "x": np.arange(n, dtype=np.int64),
+            "fault": [fault_at.get(i) for i in range(n)],
+        },
+        schema=FAULT_INPUT,
+    )
+
+
+def faults(rows: pa.Table, cfg: KilnConfig) -> StageOutput:
+    """Keeps every row, unless one carries a fault: then it raises, or takes its worker process down."""
+    for fault in rows.column("fault").to_pylist():
+        if fault == "raise":
+            raise RuntimeError("a probe row that always raises")
+        if fault == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if fault == "segfault":
+            ctypes.string_at(0)  # reads address 0: SIGSEGV
+        if fault == "hang":
+            time.sleep(3600)
+    return StageOutput(rows, Rejects("probe_faults").table())
+
+
 NOOP = Stage("probe_noop", noop, PROBE_INPUT, PROBE_INPUT)
+FAULTS = Stage("probe_faults", faults, FAULT_INPUT, FAULT_INPUT)
 COMPUTE = Stage("probe_compute", compute, PROBE_INPUT, PROBE_OUTPUT)
 FILTERLIKE = Stage("probe_filterlike", filterlike, PROBE_INPUT, FILTERLIKE_OUTPUT)

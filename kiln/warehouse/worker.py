@@ -1,4 +1,4 @@
-"""A queue worker: claim a batch, run the stage, write results, commit; until no row is left.
+"""A queue worker: claim a batch, run the stage, write results; until no row is left.
 
 `run_worker` is the one entry point for every launcher: local processes started by `map`, a Slurm
 array task, a shell (`python -m kiln.warehouse.worker DSN STAGE`). Any number may run at once on the
@@ -11,14 +11,20 @@ import argparse
 import os
 import socket
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kiln.config import KilnConfig
 from kiln.progress import log
+from kiln.reasons import Reason
 from kiln.warehouse import postgres as pg
 from kiln.warehouse.batch import process_batch
 from kiln.warehouse.stages import resolve_stage
+
+TIMEOUT_EXIT = 124  # a worker stopped by its lease watchdog exits with this code (as timeout(1) does)
 
 
 @dataclass
@@ -43,13 +49,16 @@ def run_worker(
     max_batches: int | None = None,
     poll_s: float = 0.2,
 ) -> WorkerReport:
-    """Work the queue of `stage_name` over `table` until no claimable row is left.
+    """Work the queue of `stage_name` over `table` until every row has a result.
 
-    A row a stage raised on is written back with its error, attempts + 1 and a fresh last_tried_at,
-    which puts it behind every untried row; it is retried until the job's max_attempts. The worker
-    only leaves when no unfinished row is claimable *or held by another worker*: if that worker dies,
-    its rows come back and someone is still here to take them. `max_batches` bounds one worker's share
-    (e.g. a Slurm task with a time limit).
+    Each claim counts an attempt up front and holds its rows under a lease. A row the stage raised on is
+    written back with its error and retried (alone, behind every untried row) until the job's
+    max_attempts, then rejected `stage_error`. When nothing is claimable the worker takes back the rows
+    of workers that died (`worker_crash`) or outlived their lease (`timeout`), and only leaves once
+    every row has a result, so someone is still here to retry a dead worker's rows. A batch that
+    outlives its own lease is given back and this process exits (code TIMEOUT_EXIT): a hung stage call
+    cannot be interrupted, only left. `max_batches` bounds one worker's share (e.g. a Slurm task with
+    a time limit).
     """
     report = WorkerReport(worker_name())
     with pg.connect(dsn, report.worker) as conn:
@@ -60,23 +69,55 @@ def run_worker(
             stage.setup(cfg)
         n = batch_size or job.batch_size
         while max_batches is None or report.batches < max_batches:
-            with conn.transaction():
-                rows = pg.claim(conn, job, stage.input_schema, n)
-                if rows.num_rows:
-                    result = process_batch(stage, rows, cfg)
-                    pg.write_results(conn, job, result, report.worker)
-            if not rows.num_rows:
+            claim = pg.claim(conn, job, stage.input_schema, n, report.worker)
+            if claim is None:
+                if pg.release_abandoned(conn, job):
+                    continue
+                with conn.transaction():
+                    pg.reject_exhausted(conn, job)
                 if not pg.has_pending(conn, job):
                     break
                 time.sleep(poll_s)
                 continue
+            with lease_watchdog(dsn, job, claim, report.worker):
+                result = process_batch(stage, claim.rows, cfg)
+            written = pg.write_results(conn, job, claim.token, result, report.worker)
+            if written < claim.rows.num_rows:
+                log.warning("%s: %d rows of a batch were taken back before it finished", report.worker, claim.rows.num_rows - written)
             report.batches += 1
-            report.rows += rows.num_rows
+            report.rows += claim.rows.num_rows
             report.kept += result.kept.num_rows
             report.rejected += result.rejected.num_rows
             report.failed += len(result.failed)
     log.debug("warehouse worker %s done: %s", report.worker, report)
     return report
+
+
+@contextmanager
+def lease_watchdog(dsn: str, job: pg.Job, claim: pg.Claim, worker: str) -> Iterator[None]:
+    """Gives a claim back as `timeout` and ends this process if the batch outlives its lease.
+
+    A timer thread, so it fires even while the stage blocks (a sleep, a read, a lock); the rows are
+    released on a connection of its own before `os._exit`, so the next worker need not wait for the
+    lease to be noticed.
+    """
+
+    def fire() -> None:
+        error = f"timeout: a batch of {claim.rows.num_rows} rows ran past its lease of {job.lease_s:g} s in {worker}"
+        try:
+            with pg.connect(dsn, f"{worker}:watchdog") as conn:
+                pg.release_claim(conn, job, claim.token, Reason.TIMEOUT.value, error)
+            log.error("%s; rows given back, worker exits", error)
+        finally:
+            os._exit(TIMEOUT_EXIT)
+
+    timer = threading.Timer(job.lease_s, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def main(argv: list[str] | None = None) -> int:

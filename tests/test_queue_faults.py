@@ -1,0 +1,193 @@
+"""Faults on the warehouse queue: a row that kills, segfaults or hangs its worker ends as a reject, never a stall.
+
+Each attempt is counted when a row is claimed, so a row that takes its worker down still uses one; after
+max_attempts it is rejected `worker_crash` or `timeout` and the job finishes, with every other row kept
+or rejected exactly once. The same on Postgres and on the embedded path, which also resumes a run that
+was killed. And the ways `kiln map` used to hand back results that were not this input's: a table keyed
+by input and config, rows in == rows out, a folder name with a quote in it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pyarrow.compute as pc
+import pytest
+
+import kiln.warehouse as wh
+from kiln.config import KilnConfig, load_config
+from kiln.reasons import Reason
+from kiln.warehouse import postgres as pg
+from kiln.warehouse.probes import COMPUTE, FAULTS, fault_rows, probe_rows
+
+LEASE_S = 1.5  # long enough for a clean batch of probe rows, short enough to wait out a hung one
+CFG = KilnConfig().model_copy(
+    update={"cluster": KilnConfig().cluster.model_copy(update={"queue_lease_s": LEASE_S, "queue_max_attempts": 2})}
+)
+FAULTY_ROW = 13
+REASON = {"sigkill": Reason.WORKER_CRASH, "segfault": Reason.WORKER_CRASH, "hang": Reason.TIMEOUT}
+
+
+def assert_one_reject_and_the_rest_exactly_once(handle, n: int, fault: str, says: str) -> None:
+    final = handle.wait(progress_bar=False, timeout=60)
+    assert (final.total, final.done, final.pending, final.remaining) == (n, n, 0, 0)
+    out = handle.results()
+    ids = out.kept.column("id").to_pylist() + out.rejected.column("id").to_pylist()
+    assert sorted(ids) == [f"row-{i:07d}" for i in range(n)], "every row once, kept or rejected"
+    (reject,) = out.rejected.to_pylist()
+    assert (reject["id"], reject["reason"]) == (f"row-{FAULTY_ROW:07d}", REASON[fault])
+    assert says in reject["detail"] and reject["detail"].endswith("(after 2 attempts)")
+    assert reject["value"] == (LEASE_S if fault == "hang" else None)
+    attempts, status, _ = handle.state()[reject["id"]]
+    assert (attempts, status) == (2, "rejected")
+
+
+# ------------------------------------------------------------------------------------------- embedded
+@pytest.mark.parametrize("fault", ["sigkill", "segfault", "hang"])
+def test_embedded_a_row_that_takes_its_worker_down_is_rejected_and_the_run_completes(tmp_path, fault):
+    rows = fault_rows(40, {FAULTY_ROW: fault})
+    handle = wh.map(FAULTS, rows, workers=2, batch_size=10, cfg=CFG, root=tmp_path)
+    says = {"sigkill": "signal SIGKILL", "segfault": "signal SIGSEGV", "hang": "ran past its lease of 1.5 s"}[fault]
+    assert_one_reject_and_the_rest_exactly_once(handle, 40, fault, says)
+    # its batch-mates lost one attempt with it, then were retried one row at a time
+    state = handle.state()
+    assert {i: a for i, (a, s, _) in state.items() if a == 2 and s == "kept"} == {f"row-{i:07d}": 2 for i in range(10, 20) if i != FAULTY_ROW}
+
+
+KILLED_RUN = """
+import sys
+import kiln.warehouse as wh
+from kiln.config import KilnConfig
+from kiln.warehouse.probes import COMPUTE, probe_rows
+
+wh.map(COMPUTE, probe_rows(60, sleep_s=0.4), workers=1, batch_size=10, cfg=KilnConfig(), root=sys.argv[1]).wait(progress_bar=False)
+"""
+
+
+def test_embedded_a_killed_run_resumes_where_it_stopped(tmp_path):
+    queue = tmp_path / "images__probe_compute"
+    run = subprocess.Popen([sys.executable, "-c", textwrap.dedent(KILLED_RUN), str(tmp_path)], start_new_session=True)
+    deadline = time.monotonic() + 60
+    while len(list(queue.glob("part-*.parquet"))) < 2:
+        assert time.monotonic() < deadline and run.poll() is None, "the first run never finished two batches"
+        time.sleep(0.05)
+    os.killpg(run.pid, signal.SIGKILL)  # the driver and its worker, mid-run
+    run.wait()
+    before = {p.name: p.stat().st_mtime_ns for p in queue.glob("part-*.parquet")}
+    assert 2 <= len(before) < 6
+
+    handle = wh.map(COMPUTE, probe_rows(60, sleep_s=0.4), workers=1, batch_size=10, cfg=KilnConfig(), root=tmp_path)
+    final = handle.wait(progress_bar=False, timeout=60)
+    assert (final.done, final.remaining) == (60, 0)
+    after = {p.name: p.stat().st_mtime_ns for p in queue.glob("part-*.parquet")}
+    assert {n: after[n] for n in before} == before, "batches done before the kill were not run again"
+    assert len(after) == 6 and {a for a, _, _ in handle.state().values()} == {1}
+
+
+def test_embedded_paths_with_quotes_and_glob_characters_work(tmp_path):
+    root = tmp_path / """it's a "warehouse" [1]*?"""
+    handle = wh.map(COMPUTE, probe_rows(30), workers=1, batch_size=10, table="o'brien", cfg=CFG, root=root)
+    assert handle.wait(progress_bar=False, timeout=60).done == 30
+    watcher = wh.attach(COMPUTE.name, table="o'brien", root=root)
+    assert watcher.progress().done == 30
+    assert watcher.query('SELECT count(*) FROM "o\'brien" JOIN "o\'brien__probe_compute__kept" USING (id)') == [(24,)]
+    assert len(watcher.state()) == 30
+
+
+# ------------------------------------------------------------------------------------------- postgres
+def fresh(dsn: str, table: str, stage: str) -> str:
+    with pg.connect(dsn) as conn:
+        pg.drop_job(conn, table, stage)
+        pg.drop_table(conn, table)
+    return table
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("fault", ["sigkill", "segfault", "hang"])
+def test_postgres_a_row_that_takes_its_worker_down_is_rejected_and_the_job_finishes(dsn, fault):
+    table = fresh(dsn, f"qf_{fault}", FAULTS.name)
+    handle = wh.map(FAULTS, fault_rows(40, {FAULTY_ROW: fault}), dsn=dsn, workers=2, table=table, batch_size=10, cfg=CFG)
+    says = "ran past its lease of 1.5 s" if fault == "hang" else "died while it held this row"
+    assert_one_reject_and_the_rest_exactly_once(handle, 40, fault, says)
+    lost = [w.exitcode for w in handle.processes if w.exitcode != 0]
+    assert len(lost) == 2, f"one worker per attempt of the faulty row, replaced each time: {lost}"
+
+
+@pytest.mark.postgres
+def test_postgres_a_row_that_always_raises_becomes_a_stage_error_reject(dsn):
+    table = fresh(dsn, "qf_raise", FAULTS.name)
+    handle = wh.map(FAULTS, fault_rows(20, {FAULTY_ROW: "raise"}), dsn=dsn, workers=1, table=table, batch_size=10, cfg=CFG)
+    handle.wait(progress_bar=False, timeout=60)
+    (reject,) = handle.results().rejected.to_pylist()
+    assert reject["reason"] == Reason.STAGE_ERROR and "always raises" in reject["detail"]
+    assert all(w.exitcode == 0 for w in handle.processes)
+
+
+@pytest.mark.postgres
+def test_postgres_a_queue_of_another_config_is_refused_not_reused(dsn):
+    table = fresh(dsn, "qf_config", COMPUTE.name)
+    wh.map(COMPUTE, probe_rows(10), dsn=dsn, workers=1, table=table, cfg=CFG).wait(progress_bar=False, timeout=60)
+    other = CFG.model_copy(update={"seed": 7})
+    with pytest.raises(ValueError, match="under another config"):
+        wh.map(COMPUTE, probe_rows(10), dsn=dsn, workers=0, table=table, cfg=other)
+    rows = probe_rows(10)
+    changed = rows.set_column(2, rows.schema.field("x"), pc.add(rows.column("x"), 1))
+    with pytest.raises(ValueError, match="already holds 10 of these ids with other values"):
+        wh.map(COMPUTE, changed, dsn=dsn, workers=0, table=table, cfg=CFG)
+
+
+# ------------------------------------------------------------------------------------------- kiln map
+@pytest.fixture(scope="module")
+def manifests(tmp_path_factory):
+    """Two ingested folders of scenes 100, 140 and 200 px wide: six images, and four of the same six."""
+    from samples import scene
+
+    from kiln.stage import run_stage
+
+    root = tmp_path_factory.mktemp("map")
+    for i, size in enumerate([100, 140, 200, 100, 140, 200]):
+        (root / "raw" / "all").mkdir(parents=True, exist_ok=True)
+        scene(i, size=size).save(root / "raw" / "all" / f"s{i}.png")
+    cfg = load_config(["cluster.workers=1"])
+    run_stage("ingest", root / "raw" / "all", root / "six", cfg)
+    four = root / "four" / "kept"
+    four.mkdir(parents=True)
+    from kiln.stage import read_dataset, write_table
+
+    write_table(read_dataset(root / "six" / "kept").slice(0, 4), four / "part-00000.parquet")
+    return root
+
+
+def too_small(summary) -> int:
+    return summary.by_reason.get(Reason.TOO_SMALL, 0)
+
+
+@pytest.mark.postgres
+@pytest.mark.integration
+def test_kiln_map_on_postgres_gives_new_results_for_a_new_config(manifests, tmp_path, dsn):
+    from kiln.warehouse.cli import run_map
+
+    quiet = {"log": lambda _: None}
+    small = run_map("filter", manifests / "six", tmp_path / "a", load_config(["data.filters.min_side=128"]), dsn, 1, **quiet)
+    large = run_map("filter", manifests / "six", tmp_path / "b", load_config(["data.filters.min_side=150"]), dsn, 1, **quiet)
+    assert (too_small(small), too_small(large)) == (2, 4)
+    again = run_map("filter", manifests / "six", tmp_path / "c", load_config(["data.filters.min_side=128"]), dsn, 1, **quiet)
+    assert again == small
+
+
+@pytest.mark.postgres
+@pytest.mark.integration
+def test_kiln_map_fails_when_rows_out_are_not_the_rows_in(manifests, tmp_path, dsn):
+    from kiln.warehouse.cli import run_map
+
+    cfg = load_config(["cluster.workers=1"])
+    table = fresh(dsn, "qf_shared", "filter")
+    run_map("filter", manifests / "six", tmp_path / "a", cfg, dsn, 1, table, log=lambda _: None)
+    with pytest.raises(RuntimeError, match=r"4 rows in but \d kept \+ \d rejected out of warehouse table 'qf_shared' \(2 not in this input"):
+        run_map("filter", manifests / "four", tmp_path / "b", cfg, dsn, 1, table, log=lambda _: None)
+    assert not (tmp_path / "b").exists()
