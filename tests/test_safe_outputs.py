@@ -15,6 +15,7 @@ from kiln.cli import main
 from kiln.config import load_config
 from kiln.lineage import output_hash
 from kiln.outputs import MARKER, ChecksumError, OutputError, staged_output, swap_in
+from kiln.schemas import REJECTED
 from kiln.stage import (
     StageOutput,
     get_stage,
@@ -131,8 +132,8 @@ def test_a_failed_write_leaves_the_old_output_and_no_temporary_folder(manifest, 
     out = tmp_path / "filtered"
     run_stage("filter", manifest, out, load_config(INPROCESS))
     before = files_under(out)
-    not_the_schema = StageOutput(pa.table({"id": ["a"]}), pa.table({"id": ["b"]}))
-    with pytest.raises((KeyError, ValueError, pa.ArrowInvalid)):
+    not_the_schema = StageOutput(pa.table({"id": ["a"]}), REJECTED.empty_table())  # kept rows without the filter's columns
+    with pytest.raises((ValueError, pa.ArrowInvalid)):  # raised while writing kept/, inside the staged folder
         write_stage_output(get_stage("filter"), 2, [not_the_schema], out, load_config(INPROCESS))
     assert files_under(out) == before
     assert leftovers(tmp_path) == []
@@ -177,6 +178,17 @@ def test_the_marker_keeps_the_output_hash_deterministic(manifest, tmp_path):
     run_stage("filter", manifest, tmp_path / "b", load_config(INPROCESS))
     assert files_under(tmp_path / "a") == files_under(tmp_path / "b")
     assert output_hash(tmp_path / "a") == output_hash(tmp_path / "b")
+
+
+def test_dvc_hashes_the_marker_as_the_output_hash_does(manifest, tmp_path):
+    """Dagster's data version of a step is the md5 dvc.lock records: both see the hidden marker."""
+    from dvc_data.hashfile.build import build
+    from dvc_data.hashfile.db import HashFileDB
+    from dvc_objects.fs.local import LocalFileSystem
+
+    fs = LocalFileSystem()
+    _, _, obj = build(HashFileDB(fs, str(tmp_path / "cache")), str(manifest), fs, "md5")
+    assert output_hash(manifest) == obj.hash_info.value
 
 
 def _copy(folder: Path, to: Path) -> Path:
