@@ -83,14 +83,16 @@ stage_assets = [_stage_asset(st) for st in data_steps()]  # the lineage's steps 
 
 
 def train_checkpoint(context, data: Path, out: Path, cfg) -> dg.MaterializeResult:
-    """The trainer into `out` (a Slurm job on a Slurm profile), with the checkpoint's metadata."""
+    """The trainer into `out` (a Slurm job on a Slurm profile), with the checkpoint's metadata. The asset owns
+    `out`: a re-materialization replaces the earlier run's checkpoints (the job itself resumes, so a requeue continues)."""
+    from training.trainer import prepare_output, train
+
     md: dict = {"path": dg.MetadataValue.path(str(out))}
     if cfg.cluster.kind == "slurm":
+        prepare_output(out, resume=False, overwrite=True)
         md.update(_train_on_slurm(context, data, out, cfg))
     else:
-        from training.trainer import train
-
-        train(data, out, cfg)
+        train(data, out, cfg, overwrite=True)
     return dg.MaterializeResult(metadata={**md, **checkpoint_metadata(out)})
 
 

@@ -95,9 +95,16 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from training.trainer import train
+    from training.dcp import ResumeMismatch
+    from training.dcp_safe import UnsafeCheckpoint
+    from training.manifest import CheckpointCorrupt, CheckpointUntrusted
+    from training.trainer import NonFiniteTraining, train
 
-    ckpt = train(Path(args.data), Path(args.out), _cfg(args.overrides), resume=args.resume)
+    try:
+        ckpt = train(Path(args.data), Path(args.out), _cfg(args.overrides), resume=args.resume, overwrite=args.overwrite)
+    except (FileExistsError, ResumeMismatch, CheckpointCorrupt, CheckpointUntrusted, UnsafeCheckpoint, NonFiniteTraining) as e:  # a refusal: one plain message, no traceback
+        print(f"kiln: {e}", file=sys.stderr)
+        return 1
     print(f"checkpoint: {ckpt}")
     return 0
 
@@ -185,7 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train the DiT on a packed training set")
     t.add_argument("--data", required=True, help="a pack stage output folder")
     t.add_argument("--out", required=True, help="checkpoint folder")
-    t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT/dcp (else start clean)")
+    fresh = t.add_mutually_exclusive_group()
+    fresh.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in OUT/dcp")
+    fresh.add_argument("--overwrite", action="store_true", help="replace the checkpoints of an earlier run in OUT (without it, or --resume, a folder with checkpoints is refused)")
     t.add_argument("overrides", nargs="*")
     t.set_defaults(fn=cmd_train)
 

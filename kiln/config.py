@@ -358,6 +358,8 @@ class DCPConfig(Strict):
     every: int = Field(0, ge=0, description="save a torch.distributed.checkpoint every N steps; 0 = only at the end")
     keep: int = Field(3, ge=1, description="keep the last K step checkpoints")
     async_save: bool = True
+    trust_unsigned: bool = Field(False, description="resume from checkpoints whose checksum manifests this user's key did not sign (from elsewhere: their DCP metadata is a pickle; docs/training.md)")
+    allow_train_set_change: bool = Field(False, description="resume on another train set than the checkpoint was trained on")
 
 
 class TelemetryConfig(Strict):
@@ -400,6 +402,7 @@ class TrainConfig(Strict):
     resolution: int | None = Field(None, ge=8, description="side of this stage's square training bucket (its pack); None = data.pack.resolution")
     mix: str | None = Field(None, description="the dataset mix this stage trains on (assets.mixes: pretrain, midtrain, sft); None = every packed row")
     pma_k: int = Field(0, ge=0, description="average the last K step checkpoints into a PMA checkpoint after this stage; 0 = none")
+    nonfinite_skip: int = Field(0, ge=0, le=1000, description="steps with a non-finite loss or grad norm skipped (no update) before the run stops; 0 = stop at the first")
 
 
 # -------------------------------------------------------------------------------------------- cluster

@@ -131,11 +131,13 @@ def test_the_exported_checkpoint_gives_the_trained_velocities(setup, tmp_path):
         assert torch.equal(gen.eval()(noisy, t, text), loaded.eval()(noisy, t, text))
 
 
-def test_a_fresh_run_into_an_old_folder_does_not_resume_its_state(setup, run_a):
+def test_an_overwriting_run_into_an_old_folder_does_not_resume_its_state(setup, run_a):
     root, data, cfg = setup
     out = root / "reused"
     train(data, out, cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": 4})}), stop_at=2)
-    train(data, out, cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": 3})}))
+    with pytest.raises(FileExistsError, match="--resume .* or --overwrite"):  # nothing is deleted unasked
+        train(data, out, cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": 3})}))
+    train(data, out, cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": 3})}), overwrite=True)
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
     assert [d.name for d in (out / "dcp").iterdir()] == ["step-000003"]
 

@@ -2,6 +2,7 @@
 
     out/config.json, out/model.safetensors   Generator.save_pretrained (trainable weights only, canonical layout)
     out/train_state.json                     step, data position, final loss, data facts, config dump
+    out/checksums.json                       size and sha256 of each file above (and train_data.json), signed
     out/dcp/step-NNNNNN/                     the resumable state (model, optimiser, position, RNG): training/dcp.py
 
 Everything in them is deterministic for the same data and config (wall-clock throughput lives in
@@ -17,6 +18,8 @@ from pathlib import Path
 from training.data import DataPosition
 
 STATE_FILE = "train_state.json"
+MANIFEST = "checksums.json"
+EXPORT_FILES = ("config.json", "model.safetensors", STATE_FILE, "train_data.json", "heldout.json")
 
 
 @dataclass(frozen=True)
@@ -47,3 +50,23 @@ def read_train_state(checkpoint: Path) -> TrainState:
     if not path.exists():
         raise FileNotFoundError(f"{checkpoint} has no {STATE_FILE}: not a kiln training checkpoint")
     return TrainState.from_json(path.read_text())
+
+
+def write_export_manifest(folder: Path) -> Path:
+    """Checksums of the exported files present in `folder` (training/manifest.py): written last, after them."""
+    from training.manifest import signing_key, write_manifest
+
+    folder = Path(folder)
+    return write_manifest(folder, MANIFEST, [f for f in EXPORT_FILES if (folder / f).is_file()], signing_key(), {"kind": "export"})
+
+
+def verify_export(folder: Path) -> bool:
+    """Raise CheckpointCorrupt (naming the file) if an exported file differs from its checksum; False when
+    the folder has no manifest (one made by hand or before checksums: safetensors cannot run code)."""
+    from training.manifest import read_manifest, verify_files
+
+    folder = Path(folder)
+    if not (folder / MANIFEST).exists():
+        return False
+    verify_files(folder, read_manifest(folder / MANIFEST, key=None))
+    return True

@@ -2,14 +2,21 @@
 
     out/dcp/step-000040/   .metadata + one shard file per rank: model, optimiser, and `extra`:
                            step, data position, loss EMA and every rank's CPU RNG state (as tensors)
-    out/dcp/step-000040/train_state.json   the same step / position in words, the mesh it was saved on
+    out/dcp/step-000040/train_state.json   the same step / position in words, the mesh it was saved on and
+                                           the train set's version (a resume on other data is refused)
+    out/dcp/step-000040/checksums-rankNNNNN.json   each rank's files with size and sha256, signed (training/manifest.py)
 
 The LR scheduler is a pure function of the step (training.schedules.wsd_lr) and a step's noise / timesteps
 / caption dropout a pure function of (seed, step), so step + data position + RNG is the whole run state:
 a run killed at step k and resumed draws and computes exactly what the uninterrupted run did.
 
-Saves are asynchronous (`dcp.async_save`: tensors are staged to CPU, the write runs in a thread); a save is
-complete when its .metadata exists, and only then are older ones beyond `keep` deleted. The model's fused
+Saves are asynchronous (`dcp.async_save`: tensors are staged to CPU, the write runs in a thread). When a
+save's write finishes, its own background thread hashes the files into the manifests and writes
+train_state.json last: a save is complete when train_state.json (and .metadata) exist, and only then are
+older ones beyond `keep` deleted. A resume verifies the newest complete checkpoint's manifests (signed by
+this user's key, or trusted by `train.dcp.trust_unsigned`) and every file's checksum before DCP reads a
+byte, falls back to the one before if it is corrupt, and reads DCP's pickled metadata with a restricted
+unpickler (training/dcp_safe.py). The model's fused
 TP weights are stored in the rank-major layout of the saving run's tp degree (training/parallel.py):
 resume with the same parallel.tp; exports (model.safetensors) are always in the canonical layout.
 """
@@ -18,7 +25,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +37,10 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from kiln.progress import log
 from training.data import DataPosition
+from training.dcp_safe import safe_load
+from training.manifest import CheckpointCorrupt, CheckpointUntrusted, read_manifest, signing_key, verify_files, write_manifest
 
 DCP_DIR = "dcp"
 META = "train_state.json"
@@ -84,26 +97,81 @@ def _state(model, opt, run: RunState, aux: dict | None = None) -> dict:
     return state
 
 
-class Checkpointer:
-    """Saves step checkpoints (async when configured), keeps the last `keep`, loads the latest."""
+class ResumeMismatch(ValueError):
+    """The checkpoint was saved by another kind of run (layout, train set) than the one resuming it."""
 
-    def __init__(self, out_dir: Path, keep: int = 3, async_save: bool = True, mesh_facts: dict | None = None, aux: dict | None = None):
+
+@dataclass(frozen=True)
+class LoadPolicy:
+    """What a resume may accept beyond checkpoints this kiln signed, of this run's train set."""
+
+    trust_unsigned: bool = False  # load checkpoints whose manifests another key signed, or that have none
+    allow_train_set_change: bool = False  # continue on another train set than the checkpoint saw
+
+
+def manifest_name(rank: int) -> str:
+    return f"checksums-rank{rank:05d}.json"
+
+
+def verify_step(path: Path, key: bytes, trust_unsigned: bool = False, rank: int = 0, world: int = 1) -> None:
+    """Raise CheckpointUntrusted / CheckpointCorrupt unless the step checkpoint `path` is one kiln wrote and
+    intact. Every rank's manifest is read; this rank hashes its share (every `world`-th file)."""
+    try:
+        saved_world = int(json.loads((path / META).read_text()).get("world_size", 1))
+    except (OSError, ValueError) as e:
+        raise CheckpointCorrupt(f"{path / META}: unreadable ({e})") from None
+    files: dict[str, dict] = {}
+    for r in range(saved_world):
+        try:
+            files |= read_manifest(path / manifest_name(r), key, trust_unsigned)["files"]
+        except CheckpointUntrusted:
+            if not trust_unsigned:
+                raise
+            log.warning("%s: no checksums for rank %d's files (trusted by train.dcp.trust_unsigned, not verified)", path, r)
+    names = sorted(files)
+    verify_files(path, {"files": {n: files[n] for n in names[rank::world]}})
+
+
+class Checkpointer:
+    """Saves step checkpoints (async when configured), keeps the last `keep`, loads the newest good one.
+
+    A save is marked complete (its checksum manifests, then train_state.json) as soon as its write is on
+    disk: in the save's own background thread, not when the next save starts, so a run killed between
+    saves resumes from the newest one it wrote. The thread does file work only, no collectives."""
+
+    def __init__(self, out_dir: Path, keep: int = 3, async_save: bool = True, mesh_facts: dict | None = None, aux: dict | None = None, train_set_version: str | None = None, policy: LoadPolicy = LoadPolicy()):
         """`aux`: {name: (module, optimiser)} saved and restored with the model (trained parts that are
-        not the Generator's, such as the REPA projector)."""
+        not the Generator's, such as the REPA projector). `train_set_version` is recorded with each save
+        and must match on resume (unless `policy` allows a change)."""
         self.out_dir, self.keep, self.async_save = Path(out_dir), keep, async_save
         self.mesh_facts = mesh_facts or {}
         self.aux = aux or {}
-        self._pending = None  # (future, directory, run state)
+        self.train_set_version = train_set_version
+        self.policy = policy
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._key = self._shared_key()
+
+    def _shared_key(self) -> bytes:
+        """Rank 0's signing key on every rank, so a job signs and verifies with one key however many nodes it spans."""
+        box = [signing_key() if _rank() == 0 else None]
+        if dist.is_initialized() and _world() > 1:
+            dist.broadcast_object_list(box, src=0, group=self._cpu_group())
+        return box[0]
 
     def save(self, model, opt, run: RunState) -> Path:
         self.wait()
         path = step_dir(self.out_dir, run.step)
+        if _rank() == 0 and path.exists():  # an earlier attempt at this step (killed mid-save, or corrupt): not a byte of it stays
+            shutil.rmtree(path)  # peers write only after rank 0 has planned (and made the folder again)
         state = _state(model, opt, run, self.aux)
         if self.async_save:
-            self._pending = (dcp.async_save(state, checkpoint_id=str(path), process_group=self._cpu_group(), no_dist=not dist.is_initialized()), path, run)
+            future = dcp.async_save(state, checkpoint_id=str(path), process_group=self._cpu_group(), no_dist=not dist.is_initialized())
+            self._thread = threading.Thread(target=self._complete_when_written, args=(future, path, run), name=f"kiln-dcp-{run.step}", daemon=True)
+            self._thread.start()
         else:
             dcp.save(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
-            self._finish(path, run)
+            self._complete(path, run)
         return path
 
     def _cpu_group(self):
@@ -114,37 +182,73 @@ class Checkpointer:
             self._gloo = dist.new_group(backend="gloo")
         return self._gloo
 
-    def wait(self) -> None:
-        """Block until the pending async save is on disk, then record it and prune old ones."""
-        if self._pending is None:
-            return
-        future, path, run = self._pending
-        future.result()
-        self._pending = None
-        self._finish(path, run)
+    def _complete_when_written(self, future, path: Path, run: RunState) -> None:
+        try:
+            future.result()
+            self._complete(path, run)
+        except BaseException as e:  # re-raised by wait() in the training thread
+            self._error = e
 
-    def _finish(self, path: Path, run: RunState) -> None:
+    def _complete(self, path: Path, run: RunState) -> None:
+        """This rank's manifest; on rank 0, once every rank's is there, its own and train_state.json (the
+        completion mark, written last), then the pruning of older checkpoints beyond `keep`."""
+        rank, world = _rank(), _world()
+        shards = sorted(p.name for p in path.glob(f"__{rank}_*.distcp"))
+        if rank != 0:
+            write_manifest(path, manifest_name(rank), shards, self._key, {"step": run.step, "rank": rank})
+            return
+        _await_manifests(path, range(1, world))
+        meta = {"step": run.step, "position": run.position.to_dict(), "loss_ema": run.loss_ema, "last_loss": run.last_loss, "world_size": world, "train_set_version": self.train_set_version} | self.mesh_facts
+        text = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
+        write_manifest(path, manifest_name(0), [*shards, ".metadata"], self._key, {"step": run.step, "rank": 0}, pending={META: text})
+        tmp = path / f".{META}.tmp"
+        tmp.write_bytes(text)
+        os.replace(tmp, path / META)
+        for old in complete_checkpoints(self.out_dir)[: -self.keep]:
+            shutil.rmtree(old)
+
+    def wait(self) -> None:
+        """Block until the pending save is complete on every rank (raising its error, if it failed)."""
+        if self._thread is None:
+            return
+        self.close()
         if dist.is_initialized():
             dist.barrier()
-        if _rank() == 0:
-            meta = {"step": run.step, "position": run.position.to_dict(), "loss_ema": run.loss_ema, "last_loss": run.last_loss, "world_size": _world()} | self.mesh_facts
-            (path / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-            for old in complete_checkpoints(self.out_dir)[: -self.keep]:
-                shutil.rmtree(old)
-        if dist.is_initialized():
-            dist.barrier()
+
+    def close(self) -> None:
+        """Let the pending save finish (no collectives: also safe on a failing rank); raise its error."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
 
     def load_latest(self, model, opt) -> RunState | None:
-        """Restore model, optimiser and RNG from the newest complete checkpoint; None when there is none."""
-        path = latest_checkpoint(self.out_dir)
-        if path is None:
+        """Restore model, optimiser and RNG from the newest complete checkpoint that verifies; None when
+        there is none. A corrupt or unsigned newest one is skipped with a warning for the one before it."""
+        candidates = complete_checkpoints(self.out_dir)
+        if not candidates:
             return None
+        problems = []
+        for path in reversed(candidates):
+            problem = self._check(path)
+            if problem is None:
+                break
+            problems.append(problem)
+            log.warning("resume: skipping %s: %s", path.name, problem)
+        else:
+            hint = "" if self.policy.trust_unsigned else " (checkpoints from elsewhere: train.dcp.trust_unsigned=true, see docs/training.md)"
+            raise CheckpointCorrupt(f"no checkpoint in {self.out_dir / DCP_DIR} can be resumed{hint}:\n  " + "\n  ".join(problems))
+        if problems and _rank() == 0:
+            log.warning("resume: falling back to %s", path.name)
         meta = json.loads((path / META).read_text())
         for key, value in self.mesh_facts.items():
             if meta.get(key) != value:
-                raise ValueError(f"{path} was saved with {key}={meta.get(key)}, this run has {value}: resume with the same layout")
+                raise ResumeMismatch(f"{path} was saved with {key}={meta.get(key)}, this run has {value}: resume with the same layout")
+        self._check_train_set(path, meta.get("train_set_version"))
         state = _state(model, opt, RunState(0, DataPosition()), self.aux)
-        dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+        safe_load(state, path, no_dist=not dist.is_initialized())
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
         for name, (module, module_opt) in self.aux.items():
             set_state_dict(module, module_opt, model_state_dict=state[f"aux_{name}_model"], optim_state_dict=state[f"aux_{name}_optim"])
@@ -159,3 +263,36 @@ class Checkpointer:
 
         position = DataPosition(int(extra["epoch"]), int(extra["batch"]))
         return RunState(int(extra["step"]), position, opt_float(extra["loss_ema"]), opt_float(extra["last_loss"]))
+
+    def _check(self, path: Path) -> str | None:
+        """Why `path` cannot be resumed (None: it can); every rank gets the same answer."""
+        problem = None
+        try:
+            verify_step(path, self._key, self.policy.trust_unsigned, _rank(), _world())
+        except (CheckpointCorrupt, CheckpointUntrusted) as e:
+            problem = str(e)
+        if dist.is_initialized() and _world() > 1:
+            bad = torch.tensor([problem is not None], dtype=torch.int64)
+            dist.all_reduce(bad, group=self._cpu_group())
+            if bad.item() and problem is None:
+                problem = "another rank found a file of it corrupt (see that rank's log)"
+        return problem
+
+    def _check_train_set(self, path: Path, saved: str | None) -> None:
+        if self.train_set_version is None or saved == self.train_set_version:
+            return
+        what = f"{path} was trained on train set {saved or 'of unknown version'}, this run reads {self.train_set_version}"
+        if not self.policy.allow_train_set_change:
+            raise ResumeMismatch(f"{what}: resume on the data it was trained on, or set train.dcp.allow_train_set_change=true to continue on this one")
+        if _rank() == 0:
+            log.warning("resume: %s (allowed by train.dcp.allow_train_set_change)", what)
+
+
+def _await_manifests(path: Path, ranks, timeout_s: float = 1800.0) -> None:
+    """Rank 0 waits (on the file system, no collectives) for the other ranks' manifests of this save."""
+    deadline = time.monotonic() + timeout_s
+    for r in ranks:
+        while not (path / manifest_name(r)).exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{path}: rank {r} wrote no checksum manifest within {timeout_s:.0f} s")
+            time.sleep(0.05)

@@ -4,6 +4,9 @@ Replaces an EMA (no extra copy of the weights during training, and K / the windo
 the run). The sources must be the same model (same config.json "model" and "dit"); the average is taken
 in fp32 in a fixed order, so the result is deterministic. The folder is a normal Generator checkpoint
 (config.json, model.safetensors) plus pma.json naming its sources, readable by the sampler and evaluator.
+Sources are checked against their checksums before they are read (training/manifest.py): a DCP step
+checkpoint must be one this user's kiln signed (or `trust_unsigned`), an export with a checksums.json
+must match it; the PMA folder gets a checksums.json of its own.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ def average_checkpoints(sources: list[Path], out_dir: Path) -> Path:
     """Average model.safetensors of `sources` into `out_dir` (config.json copied from the last one)."""
     if not sources:
         raise ValueError("PMA needs at least one checkpoint")
+    from training.checkpoint import verify_export, write_export_manifest
+
+    for s in sources:
+        verify_export(Path(s))
     configs = [json.loads((Path(s) / "config.json").read_text()) for s in sources]
     for s, c in zip(sources, configs):
         if (c["model"], c["dit"]) != (configs[0]["model"], configs[0]["dit"]):
@@ -46,38 +53,43 @@ def average_checkpoints(sources: list[Path], out_dir: Path) -> Path:
     save_file(avg, str(out / "model.safetensors"), metadata={"format": FORMAT})
     steps = [json.loads((Path(s) / "train_state.json").read_text())["step"] if (Path(s) / "train_state.json").exists() else None for s in sources]
     (out / "pma.json").write_text(json.dumps({"sources": [str(s) for s in sources], "steps": steps, "k": len(sources)}, indent=2) + "\n")
+    write_export_manifest(out)
     return out
 
 
-def dcp_step_weights(step_dir: Path, gen) -> dict[str, torch.Tensor]:
+def dcp_step_weights(step_dir: Path, gen, trust_unsigned: bool = False) -> dict[str, torch.Tensor]:
     """The model weights of one DCP step checkpoint (training/dcp.py), in the canonical single-process layout.
 
     `gen` is a plain Generator of the run's config (e.g. `Generator.from_pretrained(run_dir)`); the step's
-    train_state.json says which tp layout its fused weights were saved in."""
-    import torch.distributed.checkpoint as dcp
-
+    train_state.json says which tp layout its fused weights were saved in. The step's checksums are
+    verified first (CheckpointCorrupt / CheckpointUntrusted name the file)."""
+    from training.dcp import verify_step
+    from training.dcp_safe import safe_load
+    from training.manifest import signing_key
     from training.parallel import canonical_state_dict
 
+    verify_step(Path(step_dir), signing_key(), trust_unsigned)
     tp = int(json.loads((Path(step_dir) / "train_state.json").read_text()).get("tp", 1))
     state = {"model": {k: v.detach().clone() for k, v in gen.state_dict().items()}}
-    dcp.load(state, checkpoint_id=str(step_dir), no_dist=True)  # only the model: optimiser and RNG stay on disk
+    safe_load(state, step_dir, no_dist=True)  # only the model: optimiser and RNG stay on disk
     return canonical_state_dict(state["model"], gen, tp)
 
 
-def pma_from_run(run_dir: Path, k: int, out_dir: Path) -> Path:
+def pma_from_run(run_dir: Path, k: int, out_dir: Path, trust_unsigned: bool = False) -> Path:
     """PMA over a training run's last `k` DCP step checkpoints (fewer if the run kept fewer): a checkpoint
     folder with the run's config and train state and `pma.json` naming the steps averaged."""
     from model.generator import Generator
-    from training.checkpoint import STATE_FILE
+    from training.checkpoint import STATE_FILE, verify_export, write_export_manifest
     from training.dcp import complete_checkpoints
 
     steps = complete_checkpoints(Path(run_dir))[-k:]
     if not steps:
         raise ValueError(f"{run_dir} has no complete DCP step checkpoint to average (train.dcp.every > 0 keeps them)")
+    verify_export(Path(run_dir))
     gen = Generator.from_pretrained(run_dir)
     total: dict[str, torch.Tensor] = {}
     for step in steps:
-        for name, t in dcp_step_weights(step, gen).items():
+        for name, t in dcp_step_weights(step, gen, trust_unsigned).items():
             total[name] = total.get(name, 0) + t.double()
     reference = gen.state_dict()
     gen.load_state_dict({name: (t / len(steps)).to(reference[name].dtype) for name, t in total.items()}, strict=True)
@@ -86,4 +98,5 @@ def pma_from_run(run_dir: Path, k: int, out_dir: Path) -> Path:
     (out / STATE_FILE).write_text((Path(run_dir) / STATE_FILE).read_text())
     numbers = [json.loads((s / "train_state.json").read_text())["step"] for s in steps]
     (out / "pma.json").write_text(json.dumps({"sources": [str(s) for s in steps], "steps": numbers, "k": len(steps), "asked_k": k}, indent=2) + "\n")
+    write_export_manifest(out)
     return out

@@ -19,6 +19,7 @@ drawn, and N ranks draw what one process draws.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -76,6 +77,11 @@ class StepResult:
     loss: float  # global mean flow loss
     grad_norm: float
     repa_loss: float | None = None  # global mean REPA term, when on
+    skipped: bool = False  # the loss or grad norm was not finite: no update was applied
+
+
+class NonFiniteTraining(RuntimeError):
+    """The run diverged (non-finite loss, grad norm or weights): it stops, and nothing is exported."""
 
 
 def train_step(gen, opt, x0, text, null_text, rng: torch.Generator, cfg: TrainConfig, lr: float, shift: float, runtime: Runtime, rows: slice = slice(None), dp_size: int = 1, repa=None, repa_opt=None, images=None) -> StepResult:
@@ -83,7 +89,8 @@ def train_step(gen, opt, x0, text, null_text, rng: torch.Generator, cfg: TrainCo
 
     The draws cover the whole batch, the loss is sum / global batch * dp_size (FSDP averages over dp):
     with dp_size=1 and all rows it is the plain single-process step. `repa` (training.repa.Repa, with its
-    optimiser `repa_opt`) adds weight x the REPA term on `images`, the clean batch in [-1, 1] pixels."""
+    optimiser `repa_opt`) adds weight x the REPA term on `images`, the clean batch in [-1, 1] pixels.
+    A non-finite loss or grad norm (the same on every rank: both are global) skips the update."""
     from training.distributed import all_reduce_sum, grad_norm_and_clip
     from training.objective import drop_captions, flow_loss, sample_timesteps
 
@@ -111,42 +118,90 @@ def train_step(gen, opt, x0, text, null_text, rng: torch.Generator, cfg: TrainCo
     objective.backward()
     params = [p for p in gen.parameters() if p.requires_grad]
     norm = grad_norm_and_clip(params, cfg.grad_clip)
-    opt.step()
-    if repa_opt is not None:
-        repa_opt.step()
     total, repa_total = all_reduce_sum([float(loss_sum.detach()), float(repa_sum)], device, dp_size)
-    return StepResult(total / b, norm, repa_total / b if repa is not None else None)
+    finite = math.isfinite(total) and math.isfinite(norm) and math.isfinite(repa_total)
+    if finite:
+        opt.step()
+        if repa_opt is not None:
+            repa_opt.step()
+    else:  # NaN / inf gradients would poison the weights and the optimiser's moments
+        opt.zero_grad(set_to_none=True)
+        if repa_opt is not None:
+            repa_opt.zero_grad(set_to_none=True)
+    return StepResult(total / b, norm, repa_total / b if repa is not None else None, skipped=not finite)
 
 
-def _fresh_output(out_dir: Path, resume: bool, rank: int) -> None:
-    """A run that does not resume starts clean: stale step checkpoints from another run would be resumed later."""
+def nonfinite_weights(gen, device: torch.device) -> int:
+    """How many parameter tensors hold a NaN or inf, summed over ranks (every rank must call it)."""
     import torch.distributed as dist
 
-    if not resume and rank == 0 and (out_dir / "dcp").exists():
-        shutil.rmtree(out_dir / "dcp")
+    bad = sum(not bool(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()) for p in gen.parameters())
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        t = torch.tensor([bad], dtype=torch.int64, device=device)
+        dist.all_reduce(t)
+        bad = int(t.item())
+    return bad
+
+
+def _require_finite_weights(gen, device: torch.device, step: int, what: str) -> None:
+    if nonfinite_weights(gen, device):
+        raise NonFiniteTraining(f"the weights hold NaN or inf after step {step}: {what} refused (the run diverged: lower train.lr, check the data)")
+
+
+def earlier_checkpoints(out_dir: Path) -> list[Path]:
+    """What an earlier run left in `out_dir` that a fresh run would replace: DCP step folders, an export."""
+    out = Path(out_dir)
+    found = sorted((out / "dcp").glob("step-*")) if (out / "dcp").is_dir() else []
+    return found + ([out / "model.safetensors"] if (out / "model.safetensors").exists() else [])
+
+
+def prepare_output(out_dir: Path, resume: bool, overwrite: bool, rank: int = 0) -> None:
+    """A fresh run into a folder with checkpoints is refused unless `overwrite`: then (and only then) the
+    earlier run's step checkpoints and exported files go, so none of them is resumed or mixed in later.
+    A folder's other files are never touched. Every rank calls it (rank 0 deletes)."""
+    import torch.distributed as dist
+
+    from training.checkpoint import EXPORT_FILES, MANIFEST
+
+    out_dir = Path(out_dir)
+    if resume and overwrite:
+        raise ValueError("resume and overwrite exclude each other: --resume continues the run in the folder, --overwrite replaces it")
+    found = [] if resume else earlier_checkpoints(out_dir)
+    if found and not overwrite:
+        names = ", ".join(str(p.relative_to(out_dir)) for p in found[-3:])
+        raise FileExistsError(f"{out_dir} holds checkpoints of an earlier run ({names}): pass --resume to continue it, or --overwrite to replace it (train(..., resume=True / overwrite=True))")
+    if found and rank == 0:
+        log.warning("train: --overwrite: removing the earlier run's checkpoints in %s", out_dir)
+        shutil.rmtree(out_dir / "dcp", ignore_errors=True)
+        for name in (*EXPORT_FILES, MANIFEST):
+            (out_dir / name).unlink(missing_ok=True)
     if dist.is_initialized():
         dist.barrier()
 
 
 def _load_init_weights(gen, init_from: str | None) -> None:
-    """A chained stage (256 -> 512 -> 1024 -> mid -> SFT) starts from the previous stage's exported weights."""
+    """A chained stage (256 -> 512 -> 1024 -> mid -> SFT) starts from the previous stage's exported weights,
+    checked against their checksums first."""
     if init_from:
         from safetensors.torch import load_file
 
+        from training.checkpoint import verify_export
+
+        verify_export(Path(init_from))
         gen.load_state_dict(load_file(str(Path(init_from) / "model.safetensors")), strict=True)
 
 
 DATA_RECORD = "train_data.json"
 
 
-def data_record(data_dir: Path, data, cfg: KilnConfig, steps: int) -> dict:
+def data_record(data_dir: Path, data, cfg: KilnConfig, steps: int, version: str | None = None) -> dict:
     """What a checkpoint was trained on: the train set's version (the sha256 the evaluation records too),
     the mix, the caption form probabilities and how often each form was drawn over the `steps` steps,
     and the sampling weights' spread. Deterministic, like everything else in the checkpoint folder."""
     from training.eval_protocol import dataset_version
 
     return {
-        "train_set_version": dataset_version(data_dir),
+        "train_set_version": version or dataset_version(data_dir),
         "mix": cfg.train.mix,
         "caption_form_probs": cfg.data.rewrite.form_probs,
         "caption_forms_drawn": data.form_counts(cfg.train.seed, steps),
@@ -157,21 +212,27 @@ def data_record(data_dir: Path, data, cfg: KilnConfig, steps: int) -> dict:
     }
 
 
-def write_data_record(out_dir: Path, data_dir: Path, data, cfg: KilnConfig, steps: int) -> None:
-    (Path(out_dir) / DATA_RECORD).write_text(json.dumps(data_record(data_dir, data, cfg, steps), indent=2, sort_keys=True) + "\n")
+def write_data_record(out_dir: Path, data_dir: Path, data, cfg: KilnConfig, steps: int, version: str | None = None) -> None:
+    (Path(out_dir) / DATA_RECORD).write_text(json.dumps(data_record(data_dir, data, cfg, steps, version), indent=2, sort_keys=True) + "\n")
 
 
-def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, stop_at: int | None = None) -> Path:
+def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, stop_at: int | None = None, overwrite: bool = False) -> Path:
     """Train on a pack stage output; write the checkpoint folder `out_dir` and return it.
 
-    `resume=True` continues from the newest complete DCP checkpoint in `out_dir/dcp` (weights, optimiser,
-    data position, RNG, step); `stop_at` ends the run early at that step, as a pre-emption or a job's time
-    limit would, saving a resumable checkpoint, with the LR schedule still planned for `train.steps`."""
+    `resume=True` continues from the newest good DCP checkpoint in `out_dir/dcp` (weights, optimiser,
+    data position, RNG, step), if the train set is the one it saw; `stop_at` ends the run early at that
+    step, as a pre-emption or a job's time limit would, saving a resumable checkpoint, with the LR schedule
+    still planned for `train.steps`. Without either, a folder holding an earlier run's checkpoints is
+    refused unless `overwrite=True` (which replaces them). A non-finite loss or grad norm skips the step,
+    up to `train.nonfinite_skip` times, then stops the run (NonFiniteTraining), and non-finite weights are
+    never saved or exported."""
     import torch.distributed as dist
 
     from model.autoencoder import from_uint8_nhwc
-    from training.data import DataPosition, TrainSet, next_position
-    from training.dcp import Checkpointer, RunState
+    from training.data import DataPosition, TrainSet, next_position, write_heldout
+    from training.checkpoint import write_export_manifest
+    from training.dcp import Checkpointer, LoadPolicy, RunState
+    from training.eval_protocol import dataset_version
     from training.distributed import build_ranks, export_checkpoint, init_distributed, local_rows
     from training.gpu_telemetry import GpuMonitor, peak_tflops
     from training.loader import Prefetcher, latent_encoder
@@ -188,10 +249,15 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
     runtime = setup_runtime(tc)
     device = runtime.device
     created = init_distributed(device.type)
+    ckpt = None
     try:
         mesh, ranks = build_ranks(tc.parallel.tp, device.type)
-        _fresh_output(out_dir, resume, ranks.rank)
-        data = TrainSet.from_dir(Path(data_dir), tc.batch_size, tc.holdout, cfg.data.rewrite.form_probs)
+        prepare_output(out_dir, resume, overwrite, ranks.rank)
+        version = dataset_version(Path(data_dir))
+        data = TrainSet.from_dir(Path(data_dir), tc.batch_size, tc.holdout, cfg.data.rewrite.form_probs, init_from=tc.init_from)  # a ladder rung holds out what its start held out
+        if ranks.rank == 0:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_heldout(out_dir, data.held_out)
         gen = init_generator(cfg.model, tc.seed, device)
         _load_init_weights(gen, tc.init_from)
         cache = TextCache.build(gen, data.captions())  # every drawable caption form; before sharding: the frozen backbone is not trained
@@ -206,7 +272,8 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
             repa_opt = repa.make_optimizer(mesh, tc)
             aux = {"repa": (repa.projector, repa_opt)}
         facts = {"tp": tc.parallel.tp, "world_size": ranks.world, "optimizer": tc.optim.name}
-        ckpt = Checkpointer(out_dir, tc.dcp.keep, tc.dcp.async_save, facts, aux)
+        policy = LoadPolicy(tc.dcp.trust_unsigned, tc.dcp.allow_train_set_change)
+        ckpt = Checkpointer(out_dir, tc.dcp.keep, tc.dcp.async_save, facts, aux, version, policy)
         run = (ckpt.load_latest(gen, opt) if resume else None) or RunState(0, DataPosition())
         if ranks.rank == 0:
             log.info("train: %d rows in %d batches, %d captions, %.2fM params, %d ranks (dp_shard %d x tp %d), %s, steps %d..%d", data.num_rows, len(data), len(cache), gen.num_params() / 1e6, ranks.world, ranks.dp_size, tc.parallel.tp, tc.optim.name, run.step, tc.steps)
@@ -217,6 +284,7 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
         gen.train()
         end = min(tc.steps, stop_at if stop_at is not None else tc.steps)
         step, position, loss_ema, last = run.step, run.position, run.loss_ema, run.last_loss
+        skipped = 0  # non-finite steps skipped so far in this process
         stream = data.stream(tc.seed, run.position)
         with Prefetcher(stream, latent_encoder(gen, cfg.model.latent_cache_dir), tc.loader_workers) as loader:
             steps = range(step, end)
@@ -236,29 +304,46 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
                 result = train_step(gen, opt, x0, text, null, step_generator(tc.seed, step), tc, lr, shift, runtime, rows, ranks.dp_size, repa if on else None, repa_opt if on else None, images)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
-                last = result.loss
-                loss_ema = last if loss_ema is None else 0.98 * loss_ema + 0.02 * last
+                if not result.skipped:
+                    last = result.loss
+                    loss_ema = last if loss_ema is None else 0.98 * loss_ema + 0.02 * last
                 position = next_position(batch.position, data.epoch_length(batch.position.epoch, tc.seed))
                 done = step + 1
                 if telemetry is not None:
                     counters = gpu.sample().to_dict() if gpu is not None and done % tel.gpu_every == 0 else {}
-                    telemetry.log(StepRecord(done, last, result.grad_norm, lr, batch.size, batch.size * tokens, time.perf_counter() - started, flops_per_sample[batch.bucket] * batch.size, ranks.world, peak, result.repa_loss, counters))
+                    telemetry.log(StepRecord(done, result.loss, result.grad_norm, lr, batch.size, batch.size * tokens, time.perf_counter() - started, flops_per_sample[batch.bucket] * batch.size, ranks.world, peak, result.repa_loss, counters))
                     if tc.log_every and done % tc.log_every == 0:
-                        log.info("step %d loss %.4f (ema %.4f) grad %.3f lr %.2e", done, last, loss_ema, result.grad_norm, lr)
+                        log.info("step %d loss %.4f (ema %.4f) grad %.3f lr %.2e", done, result.loss, loss_ema or math.nan, result.grad_norm, lr)
+                if result.skipped:
+                    skipped += 1
+                    if skipped > tc.nonfinite_skip:
+                        raise NonFiniteTraining(f"step {done}: loss {result.loss}, grad norm {result.grad_norm}: {skipped} non-finite steps, train.nonfinite_skip={tc.nonfinite_skip}; stopped, nothing exported (the last checkpoint in {out_dir / 'dcp'} predates it)")
+                    if ranks.rank == 0:
+                        log.warning("step %d: loss %s, grad norm %s: update skipped (%d of train.nonfinite_skip=%d)", done, result.loss, result.grad_norm, skipped, tc.nonfinite_skip)
                 if tc.dcp.every and done % tc.dcp.every == 0 and done < end:
+                    _require_finite_weights(gen, device, done, "saving a checkpoint")
                     ckpt.save(gen, opt, RunState(done, position, loss_ema, last))
                 step = done
         final = RunState(step, position, loss_ema, last)
+        _require_finite_weights(gen, device, step, "the export")
         ckpt.save(gen, opt, final)
         ckpt.wait()
         export_checkpoint(gen, out_dir, cfg, data, final, tc.parallel.tp, ranks.rank, sharded=mesh is not None)
         if ranks.rank == 0:
-            write_data_record(out_dir, Path(data_dir), data, cfg, final.step)
+            write_data_record(out_dir, Path(data_dir), data, cfg, final.step, version)
+            write_export_manifest(out_dir)  # last: the folder is complete when its checksums are
         if telemetry is not None:
             summary = telemetry.finish()
             log.info("train: done at step %d, final loss %s, %.1f samples/s, %.0f tokens/s, MFU %s", step, last, summary["samples_per_s"], summary["tokens_per_s"], summary["mfu"])
         if dist.is_initialized():
             dist.barrier()
+    except BaseException:
+        if ckpt is not None:  # let a pending save of an earlier, good step finish, without collectives
+            try:
+                ckpt.close()
+            except Exception as e:  # the original error matters more
+                log.warning("train: the pending checkpoint save failed too: %s", e)
+        raise
     finally:
         if created and dist.is_initialized():
             dist.destroy_process_group()
