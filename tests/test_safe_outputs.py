@@ -231,3 +231,44 @@ def test_an_empty_input_warns_and_gives_an_empty_output(tmp_path, caplog):
         assert kiln_stage("filter", "--input", str(tmp_path / "empty"), "--output", str(tmp_path / "out")) == 0
     assert "is empty (0 rows)" in caplog.text
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["input_rows"] == 0
+
+
+# ------------------------------------------------------------------------------------ doors that own their output
+@pytest.mark.slow
+@pytest.mark.integration
+def test_dagster_rematerializes_into_its_own_outputs(tmp_path, monkeypatch):
+    import dagster as dg
+
+    from dagster_project.run import job_for
+
+    monkeypatch.chdir(tmp_path)
+    job = job_for(["raw_images", "manifest", "filtered"], everything=False)
+    run_config = {"resources": {"kiln": {"config": {"overrides": ["data.demo.n=40"], "data_dir": str(tmp_path / "data")}}}}
+    versions = []
+    for _ in range(2):  # the second run replaces the first run's outputs: kiln wrote them, the marker says so
+        result = job.execute_in_process(run_config=run_config, instance=dg.DagsterInstance.ephemeral())
+        assert result.success
+        versions.append(result.asset_materializations_for_node("filtered")[0].tags["dagster/data_version"])
+    assert versions[0] == versions[1] == output_hash(tmp_path / "data" / "filtered")
+    assert leftovers(tmp_path / "data") == []
+
+
+@pytest.mark.slurm
+@pytest.mark.integration
+def test_a_slurm_array_task_checks_its_shard_and_the_merge_leaves_no_scratch(manifest, tmp_path, slurm_cluster):
+    from slurm.arrays import run_stage_array
+    from slurm.jobs import SlurmJobFailed
+
+    cfg = load_config(["cluster=test", f"cluster.log_dir={tmp_path / 'slurm'}", "cluster.poll_s=0.3"])
+    src = _copy(manifest, tmp_path / "manifest")
+    run_stage_array("filter", src, tmp_path / "filtered", cfg, log=lambda _: None)
+    assert (tmp_path / "filtered" / MARKER).is_file()
+
+    shard = src / "kept" / "part-00001.parquet"
+    data = bytearray(shard.read_bytes())
+    data[100:164] = bytes(64)
+    shard.write_bytes(bytes(data))
+    with pytest.raises(SlurmJobFailed, match="part-00001.parquet"):
+        run_stage_array("filter", src, tmp_path / "filtered", cfg, log=lambda _: None)
+    assert (tmp_path / "filtered" / MARKER).is_file()  # the first output stands
+    assert leftovers(tmp_path) == []  # no .filtered.array scratch, no temporary folder
