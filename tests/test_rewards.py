@@ -1,0 +1,184 @@
+"""Rewards, one interface: the rubric on demo drawings and through a VLM by path, text rendering through real
+OCR, a Bradley-Terry aesthetic head that ranks held-out pairs, an artifact classifier by path, and the mix."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw, ImageFont
+
+from training.rewards import BradleyTerry, RewardMix, RubricReward, edit_distance, quoted_text, text_similarity
+from training.rubric import DemoPixelJudge, Requirement, RubricPrompt, demo_prompt_set, parse_questions, read_prompt_set, rubric_scores, write_prompt_set
+
+
+def demo_images(size: int = 32) -> tuple[list[RubricPrompt], np.ndarray]:
+    """The demo prompts and their scenes drawn by the renderer itself: images that meet every requirement."""
+    from assets.demo_scenes import demo_prompts, render
+
+    specs = demo_prompts()
+    images = np.stack([np.asarray(render(s.scene, size, size))[None] for s in specs])  # [P, 1, H, W, 3]
+    return demo_prompt_set(specs), images
+
+
+def test_a_demo_prompt_decomposes_into_the_requirements_its_grammar_makes_checkable():
+    prompts, _ = demo_images()
+    first = prompts[0]  # "a large red circle on the left, on a blue background"
+    assert [(r.attribute, r.value) for r in first.requirements] == [("color", "red"), ("position", "left"), ("background", "blue"), ("count", "1"), ("shape", "circle")]
+    assert all(r.question.endswith("?") for r in first.requirements)
+
+
+def test_the_rubric_gives_the_renderers_own_images_full_marks_and_anothers_image_less():
+    prompts, images = demo_images()
+    judge = DemoPixelJudge()
+    per_image, summary = rubric_scores(judge, prompts, images)
+    assert per_image.mean() > 0.9 and summary["color"] == 1.0 and summary["background"] == 1.0
+    shuffled = np.roll(images, 1, axis=0)  # each prompt paired with the previous prompt's drawing
+    wrong, wrong_summary = rubric_scores(judge, prompts, shuffled)
+    assert wrong.mean() < per_image.mean() - 0.3 and wrong_summary["all"] < summary["all"]
+    reward = RubricReward(judge)
+    assert reward.score(prompts[0], images[0]).tolist() == per_image[0].tolist()
+
+
+def test_a_prompt_set_round_trips_through_its_jsonl_file_and_a_bad_line_is_named(tmp_path):
+    prompts, _ = demo_images()
+    path = write_prompt_set(tmp_path / "prompts.jsonl", prompts)
+    assert read_prompt_set(path) == prompts
+    path.write_text(path.read_text() + "{not json\n")
+    with pytest.raises(ValueError, match=r"prompts.jsonl:13: not a rubric prompt"):
+        read_prompt_set(path)
+
+
+def test_llm_written_requirements_are_read_from_its_q_lines():
+    text = "Sure.\nQ: Is there a red circle?\nQ: Is the background blue?\nQ: Is there a red circle?\nthanks"
+    assert [r.question for r in parse_questions(text)] == ["Is there a red circle?", "Is the background blue?"]
+
+
+def test_the_llm_requirement_writer_loads_a_causal_lm_by_path_and_returns_a_rubric(tmp_path):
+    from caption_fixtures import write_tiny_causal_lm
+
+    from training.rubric import LLMRequirementWriter
+
+    writer = LLMRequirementWriter(str(write_tiny_causal_lm(tmp_path / "llm")), max_new_tokens=8)
+    rp = writer.write("a red circle")
+    assert rp.prompt == "a red circle" and all(r.attribute == "free" for r in rp.requirements)
+    assert writer.decoding["do_sample"] is False
+
+
+def test_a_vlm_judge_answers_each_requirement_with_a_probability(vlm):
+    from training.rubric import VLMJudge
+
+    prompts, images = demo_images()
+    judge = VLMJudge(str(vlm))
+    answers = judge.answer(prompts[0], images[0].repeat(2, axis=0))
+    assert answers.shape == (2, len(prompts[0].requirements)) and ((answers > 0) & (answers < 1)).all()
+    assert np.allclose(answers[0], answers[1])  # the same image gets the same answers
+    assert np.allclose(judge.answer(prompts[0], images[0]), answers[:1])
+
+
+# ------------------------------------------------------------------------------------------- text
+def test_edit_distance_and_text_similarity_by_hand():
+    assert edit_distance("kitten", "sitting") == 3 and edit_distance("", "abc") == 3
+    assert text_similarity("OPEN  daily!", "open daily") == 1.0
+    assert text_similarity("opem daily", "open daily") == pytest.approx(0.9)
+    assert quoted_text('a sign with the word "OPEN" and "DAILY"') == "OPEN DAILY" and quoted_text("a red circle") is None
+
+
+def sign(text: str, size=(320, 96)) -> np.ndarray:
+    im = Image.new("RGB", size, "white")
+    ImageDraw.Draw(im).text((size[0] // 2, size[1] // 2), text, fill="black", font=ImageFont.truetype("DejaVuSans.ttf", 40), anchor="mm")
+    return np.asarray(im)
+
+
+def test_the_text_reward_reads_the_image_with_real_ocr_and_compares_it_with_the_quoted_text():
+    from assets.ocr import RapidOCREngine
+    from training.rewards import TextRenderingReward
+
+    reward = TextRenderingReward(RapidOCREngine())
+    images = np.stack([sign("PIZZA"), sign("PASTA"), np.full((96, 320, 3), 255, np.uint8)])
+    scores = reward.score(RubricPrompt('a sign with the word "PIZZA"'), images)
+    assert scores[0] == 1.0 and 0.0 < scores[1] < 0.7 and scores[2] == 0.0
+    assert np.isnan(reward.score(RubricPrompt("a red circle"), images)).all()  # nothing quoted: not scored
+
+
+# -------------------------------------------------------------------------------------- aesthetic
+def test_a_bradley_terry_head_on_the_offline_descriptor_ranks_held_out_pairs_above_chance():
+    """Preference: a clean drawing over the same drawing degraded (blur + noise). Trained on some scenes'
+    pairs, tested on scenes it never saw."""
+    from PIL import ImageFilter
+
+    from assets.demo_scenes import render, sample_scene
+    from assets.embed import ClassicalEmbedder
+
+    rng = np.random.default_rng(0)
+    clean = [render(sample_scene(rng, "single_shape"), 64, 64) for _ in range(80)]
+    noisy_rng = np.random.default_rng(1)
+
+    def degrade(im):
+        a = np.asarray(im.filter(ImageFilter.GaussianBlur(2)), np.float32) + noisy_rng.normal(0, 18, (64, 64, 3))
+        return Image.fromarray(np.clip(a, 0, 255).astype(np.uint8))
+
+    emb = ClassicalEmbedder()
+    good, bad = emb.embed(clean), emb.embed([degrade(im) for im in clean])
+    flip = np.arange(80) % 2 == 1  # half the pairs listed loser-first, so order carries no signal
+    model = BradleyTerry.fit(good[:50], bad[:50], emb.name)
+    held_out = model.prefers(good[50:], bad[50:])
+    assert held_out.mean() >= 0.8, held_out.mean()
+    swapped = np.where(flip[50:, None], bad[50:], good[50:]), np.where(flip[50:, None], good[50:], bad[50:])
+    assert (model.prefers(*swapped) != flip[50:]).mean() >= 0.8
+    untrained = BradleyTerry(np.zeros(good.shape[1]), emb.name)
+    assert untrained.prefers(good[50:], bad[50:]).mean() == 0.0  # ties are not preferences: the fit is what ranks
+
+
+def test_a_reward_model_saves_and_loads_and_refuses_another_embedder(tmp_path):
+    from training.rewards import AestheticReward
+
+    model = BradleyTerry(np.array([1.0, -1.0]), "emb:a")
+    loaded = BradleyTerry.load(model.save(tmp_path / "rm"))
+    assert loaded.weights.tolist() == [1.0, -1.0] and loaded.embedder_name == "emb:a"
+
+    class Other:
+        name = "emb:b"
+
+        def embed(self, images):
+            return np.zeros((len(images), 2))
+
+    with pytest.raises(ValueError, match="trained on emb:a embeddings"):
+        AestheticReward(loaded, Other()).score(RubricPrompt("x"), np.zeros((1, 8, 8, 3), np.uint8))
+
+
+# ---------------------------------------------------------------------------------------- artifact
+def tiny_classifier(path, labels=("clean", "artifact")):
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+    torch.manual_seed(0)
+    cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                    id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)})  # fmt: skip
+    ViTForImageClassification(cfg).save_pretrained(path)
+    ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(path)
+    return str(path)
+
+
+def test_the_artifact_reward_is_one_minus_the_classifiers_artifact_probability(tmp_path):
+    from training.rewards import ArtifactReward
+
+    path = tiny_classifier(tmp_path / "clf")
+    reward = ArtifactReward(path, ["artifact"])
+    scores = reward.score(RubricPrompt("x"), np.random.default_rng(0).integers(0, 255, (3, 32, 32, 3), dtype=np.uint8))
+    assert scores.shape == (3,) and ((scores > 0) & (scores < 1)).all()
+    with pytest.raises(ValueError, match="has no labels"):
+        ArtifactReward(path, ["blurry"])
+
+
+# --------------------------------------------------------------------------------------------- mix
+def test_the_mix_renormalises_weights_where_a_reward_cannot_score_a_prompt():
+    class Const:
+        def __init__(self, name, values):
+            self.name, self.values = name, np.asarray(values, float)
+
+        def score(self, prompt, images):
+            return self.values
+
+    mix = RewardMix([(Const("rubric", [1.0, 0.0]), 3.0), (Const("text", [np.nan, 1.0]), 1.0)])
+    total, parts = mix.score(RubricPrompt("p", (Requirement("color", "red", "?"),)), np.zeros((2, 4, 4, 3), np.uint8))
+    assert total.tolist() == [1.0, 0.25] and set(parts) == {"rubric", "text"}

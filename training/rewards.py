@@ -1,0 +1,202 @@
+"""Rewards: each maps (prompt, image) to a score with a name; post-training mixes them with weights.
+
+- `rubric`: the prompt's requirements checked on the image (training/rubric.py), mean score;
+- `text`: OCR the image and score 1 - normalised edit distance to the text the prompt quotes;
+- `aesthetic`: a Bradley-Terry head on an image embedder, trained on preference pairs (`BradleyTerry`);
+- `artifact`: any Hugging Face image classifier by path: 1 - P(the artifact labels).
+
+A reward sees a batch of one prompt's images (uint8 [N, H, W, 3]) and returns [N] floats; prompts that a
+reward cannot score (no quoted text for `text`) get NaN, and the mix skips them for that reward.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from training.rubric import Judge, RubricPrompt
+
+
+class Reward(Protocol):
+    name: str
+
+    def score(self, prompt: RubricPrompt, images: np.ndarray) -> np.ndarray: ...
+
+
+@dataclass
+class RubricReward:
+    judge: Judge
+    name: str = "rubric"
+
+    def score(self, prompt: RubricPrompt, images: np.ndarray) -> np.ndarray:
+        answers = self.judge.answer(prompt, images)
+        return answers.mean(1) if answers.shape[1] else np.full(len(images), np.nan)
+
+
+QUOTED = re.compile(r"[\"“]([^\"”]+)[\"”]")
+
+
+def quoted_text(prompt: str) -> str | None:
+    """The text a prompt asks to render: its quoted spans, joined by spaces; None if it quotes nothing."""
+    spans = QUOTED.findall(prompt)
+    return " ".join(s.strip() for s in spans) if spans else None
+
+
+def normalise_text(s: str) -> str:
+    return " ".join(re.sub(r"[^\w\s]", " ", s.lower()).split())
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance (insertions, deletions, substitutions each 1)."""
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+def text_similarity(read: str, wanted: str) -> float:
+    """1 - edit distance / the longer length, on lower-cased, punctuation-free text: 1 is exact."""
+    a, b = normalise_text(read), normalise_text(wanted)
+    if not a and not b:
+        return 1.0
+    return 1.0 - edit_distance(a, b) / max(len(a), len(b))
+
+
+@dataclass
+class TextRenderingReward:
+    """OCR (assets.ocr's engines) read in reading order, compared with the quoted text."""
+
+    engine: object  # assets.ocr.OCREngine
+    upscale: int = 1  # small samples are read at this many times their size
+    name: str = "text"
+
+    def score(self, prompt: RubricPrompt, images: np.ndarray) -> np.ndarray:
+        from PIL import Image
+
+        from assets.ocr import reading_order
+
+        wanted = quoted_text(prompt.prompt)
+        if wanted is None:
+            return np.full(len(images), np.nan)
+        out = []
+        for im in images:
+            pil = Image.fromarray(im)
+            if self.upscale > 1:
+                pil = pil.resize((pil.width * self.upscale, pil.height * self.upscale), Image.Resampling.BICUBIC)
+            read = " ".join(b.text for b in reading_order(self.engine.read(pil)))
+            out.append(text_similarity(read, wanted))
+        return np.asarray(out, np.float64)
+
+
+# ------------------------------------------------------------------------------------ aesthetic (BT)
+class BradleyTerry:
+    """P(a preferred to b) = sigmoid(f(a) - f(b)) with f linear on image embeddings: a reward model head
+    trained on preference pairs by logistic regression on embedding differences (no bias: it cancels)."""
+
+    def __init__(self, weights: np.ndarray, embedder_name: str):
+        self.weights, self.embedder_name = np.asarray(weights, np.float64), embedder_name
+
+    @classmethod
+    def fit(cls, winners: np.ndarray, losers: np.ndarray, embedder_name: str, l2: float = 1e-2, steps: int = 500, lr: float = 0.5) -> BradleyTerry:
+        """Full-batch gradient descent on the BT log-likelihood of embedding pairs [P, D] (deterministic)."""
+        d = np.asarray(winners, np.float64) - np.asarray(losers, np.float64)
+        w = np.zeros(d.shape[1])
+        for _ in range(steps):
+            p = 1.0 / (1.0 + np.exp(-(d @ w)))
+            grad = -((1.0 - p)[:, None] * d).mean(0) + l2 * w
+            w -= lr * grad
+        return cls(w, embedder_name)
+
+    def utility(self, embeddings: np.ndarray) -> np.ndarray:
+        return np.asarray(embeddings, np.float64) @ self.weights
+
+    def prefers(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return self.utility(a) > self.utility(b)
+
+    def save(self, path: Path) -> Path:
+        import json
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        np.save(path / "weights.npy", self.weights)
+        (path / "reward_model.json").write_text(json.dumps({"kind": "bradley_terry_linear", "embedder": self.embedder_name, "dim": len(self.weights)}, indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> BradleyTerry:
+        import json
+
+        meta = json.loads((Path(path) / "reward_model.json").read_text())
+        return cls(np.load(Path(path) / "weights.npy"), meta["embedder"])
+
+
+@dataclass
+class AestheticReward:
+    """sigmoid of the BT utility, so the reward is in (0, 1) and a utility gap is a preference probability."""
+
+    model: BradleyTerry
+    embedder: object  # assets.embed.Embedder
+    name: str = "aesthetic"
+
+    def score(self, prompt: RubricPrompt, images: np.ndarray) -> np.ndarray:
+        from PIL import Image
+
+        if getattr(self.embedder, "name", None) != self.model.embedder_name:
+            raise ValueError(f"the reward model was trained on {self.model.embedder_name} embeddings, not {getattr(self.embedder, 'name', '?')}")
+        emb = self.embedder.embed([Image.fromarray(im) for im in images])
+        return 1.0 / (1.0 + np.exp(-self.model.utility(emb)))
+
+
+@dataclass
+class ArtifactReward:
+    """1 - P(artifact) from a Hugging Face image classifier by path, summed over its `labels` that name artifacts."""
+
+    path: str
+    labels: Sequence[str]
+    name: str = "artifact"
+
+    def __post_init__(self) -> None:
+        from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+        self.processor = AutoImageProcessor.from_pretrained(self.path)
+        self.model = AutoModelForImageClassification.from_pretrained(self.path).eval()
+        names = self.model.config.id2label
+        unknown = [lab for lab in self.labels if lab not in names.values()]
+        if unknown:
+            raise ValueError(f"{self.path} has no labels {unknown}; it has {sorted(names.values())}")
+        self.ids = [i for i, n in names.items() if n in self.labels]
+
+    def score(self, prompt: RubricPrompt, images: np.ndarray) -> np.ndarray:
+        import torch
+        from PIL import Image
+
+        inputs = self.processor(images=[Image.fromarray(im) for im in images], return_tensors="pt")
+        with torch.no_grad():
+            probs = self.model(**inputs).logits.float().softmax(-1)
+        return (1.0 - probs[:, self.ids].sum(-1)).double().numpy()
+
+
+# ------------------------------------------------------------------------------------------- mixing
+@dataclass
+class RewardMix:
+    """A weighted sum of rewards; a reward that returns NaN for a prompt drops out of that prompt's sum, and
+    the remaining weights are renormalised, so prompts without quoted text are not penalised by `text`."""
+
+    rewards: list[tuple[Reward, float]]
+
+    def score(self, prompt: RubricPrompt, images: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        parts = {r.name: np.asarray(r.score(prompt, images), np.float64) for r, _ in self.rewards}
+        total, weight = np.zeros(len(images)), np.zeros(len(images))
+        for r, w in self.rewards:
+            ok = ~np.isnan(parts[r.name])
+            total[ok] += w * parts[r.name][ok]
+            weight[ok] += w
+        return np.where(weight > 0, total / np.maximum(weight, 1e-12), np.nan), parts

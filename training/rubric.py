@@ -1,0 +1,206 @@
+"""Rubrics: a prompt decomposed into verifiable requirements, each checked on the image (GenEval-style).
+
+A prompt set is a JSONL file, one `{"prompt": ..., "requirements": [{"attribute", "value", "question"}]}`
+per line. A judge answers each requirement for an image with a score in [0, 1]; a rubric's score is the
+mean over the prompt's requirements, and per attribute it is the accuracy the evaluation reports.
+
+Two judges:
+- `DemoPixelJudge`: the demo profile's instance, the deterministic pixel checker of training/prompt_check.py
+  on the demo's scene grammar (a stand-in for a VLM judge, named as one: it only reads demo drawings).
+- `VLMJudge`: any VLM by path, asked each requirement's yes/no question about the image; the score is
+  P(yes) from the first answer token's logits, the VLM labeller's method (assets/classify.py).
+Requirements for prompts outside the demo's grammar are written by an LLM by path (`LLMRequirementWriter`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Requirement:
+    attribute: str  # what is checked: color, shape, count, position, background, text, or free-form
+    value: str  # what it must be
+    question: str  # the yes/no question a VLM judge is asked
+
+
+@dataclass(frozen=True)
+class RubricPrompt:
+    prompt: str
+    requirements: tuple[Requirement, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> str:
+        return json.dumps({"prompt": self.prompt, "requirements": [asdict(r) for r in self.requirements]}, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RubricPrompt:
+        return cls(d["prompt"], tuple(Requirement(**r) for r in d.get("requirements", [])))
+
+
+def write_prompt_set(path: Path, prompts: list[RubricPrompt]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(p.to_json() + "\n" for p in prompts))
+    return path
+
+
+def read_prompt_set(path: Path) -> list[RubricPrompt]:
+    out = []
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(RubricPrompt.from_dict(json.loads(line)))
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}:{i}: not a rubric prompt ({e}); expected {{'prompt': ..., 'requirements': [...]}}") from None
+    if not out:
+        raise ValueError(f"{path}: no prompts")
+    return out
+
+
+# ------------------------------------------------------------------------------------ the demo grammar
+def demo_requirements(spec) -> tuple[Requirement, ...]:
+    """The requirements of a demo prompt (assets.demo_scenes.PromptSpec), those the pixel checker verifies."""
+    from training.prompt_check import Expected
+
+    checkable = Expected(spec.color, spec.position, spec.background, spec.shape, spec.count, spec.size).checkable()
+    reqs = [
+        Requirement("color", spec.color, f"Is the shape {spec.color}?"),
+        Requirement("position", spec.position, f"Is the shape at the {spec.position} of the image?"),
+        Requirement("background", spec.background, f"Is the background {spec.background}?"),
+    ]
+    if checkable["count"]:
+        reqs.append(Requirement("count", str(spec.count), f"Are there exactly {spec.count} shapes?"))
+    if checkable["shape"]:
+        reqs.append(Requirement("shape", spec.shape, f"Is the shape a {spec.shape}?"))
+    return tuple(reqs)
+
+
+def demo_prompt_set(specs) -> list[RubricPrompt]:
+    return [RubricPrompt(s.prompt, demo_requirements(s)) for s in specs]
+
+
+def expected_of(rp: RubricPrompt):
+    """The pixel checker's Expected from a demo rubric's requirements."""
+    from training.prompt_check import Expected
+
+    v = {r.attribute: r.value for r in rp.requirements}
+    missing = {"color", "position", "background"} - set(v)
+    if missing:
+        raise ValueError(f"prompt {rp.prompt!r} lacks the demo requirements {sorted(missing)}: the demo pixel judge reads only demo prompts")
+    count = int(v["count"]) if "count" in v else None
+    return Expected(v["color"], v["position"], v["background"], v.get("shape"), count, "large" if "shape" in v else None)
+
+
+# ------------------------------------------------------------------------------------------- judges
+class Judge(Protocol):
+    name: str
+
+    def answer(self, prompt: RubricPrompt, images: np.ndarray) -> np.ndarray:
+        """[N images, R requirements] scores in [0, 1] for uint8 [N, H, W, 3] images of one prompt."""
+        ...
+
+
+class DemoPixelJudge:
+    """Demo stand-in: training/prompt_check.py's pixel rules, exact 0/1 answers on demo drawings."""
+
+    name = "demo_pixel_checker"
+
+    def answer(self, prompt: RubricPrompt, images: np.ndarray) -> np.ndarray:
+        from training.prompt_check import check_image
+
+        expected = expected_of(prompt)
+        out = np.zeros((len(images), len(prompt.requirements)), np.float64)
+        for i, im in enumerate(images):
+            result = check_image(im, expected)
+            out[i] = [float(result.get(r.attribute, False)) for r in prompt.requirements]
+        return out
+
+
+class VLMJudge:
+    """Each requirement's question asked of a VLM by path; the answer is P(yes) (assets.classify's method)."""
+
+    def __init__(self, path: str, positive: str = "yes", negative: str = "no", device: str = "cpu"):
+        from assets.captioners import load_vlm
+        from assets.classify import answer_token_ids
+
+        self.model, self.processor = load_vlm(path, device)
+        tok = self.processor.tokenizer
+        pos, neg = answer_token_ids(tok, positive), answer_token_ids(tok, negative)
+        shared = set(pos) & set(neg)
+        self.positive_ids, self.negative_ids = [t for t in pos if t not in shared], [t for t in neg if t not in shared]
+        if not self.positive_ids or not self.negative_ids:
+            raise ValueError(f"{path}: the answers {positive!r} / {negative!r} have no tokens of their own")
+        self.device = device
+        self.name = f"vlm_judge:{Path(path).name}"
+
+    def answer(self, prompt: RubricPrompt, images: np.ndarray) -> np.ndarray:
+        import torch
+        from PIL import Image
+
+        from assets.captioners import chat_text
+
+        pil = [Image.fromarray(im) for im in images]
+        out = np.zeros((len(images), len(prompt.requirements)), np.float64)
+        for j, req in enumerate(prompt.requirements):
+            text = chat_text(self.processor, req.question + " Answer yes or no.")
+            inputs = self.processor(images=pil, text=[text] * len(pil), return_tensors="pt", padding=True).to(self.device)
+            with torch.no_grad():
+                logits = self.model(**inputs).logits[:, -1].float().log_softmax(-1)
+            pair = torch.stack([logits[:, self.positive_ids].logsumexp(-1), logits[:, self.negative_ids].logsumexp(-1)], -1)
+            out[:, j] = pair.softmax(-1)[:, 0].double().numpy()
+        return out
+
+
+class LLMRequirementWriter:
+    """Requirements for any prompt, written by a causal LM by path: one yes/no question per line, greedy."""
+
+    INSTRUCTION = (
+        "List the visual requirements of this image prompt as yes/no questions about the image, one per line, "
+        "each starting with 'Q:'.\nPrompt: {prompt}\n"
+    )
+
+    def __init__(self, path: str, max_new_tokens: int = 96, device: str = "cpu"):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModelForCausalLM.from_pretrained(path).eval().to(device)
+        self.max_new_tokens, self.device = max_new_tokens, device
+        self.decoding = {"model": path, "instruction": self.INSTRUCTION, "max_new_tokens": max_new_tokens, "do_sample": False}
+
+    def write(self, prompt: str) -> RubricPrompt:
+        import torch
+
+        ids = self.tokenizer(self.INSTRUCTION.format(prompt=prompt), return_tensors="pt").to(self.device)
+        with torch.no_grad():
+            out = self.model.generate(**ids, max_new_tokens=self.max_new_tokens, do_sample=False, pad_token_id=self.tokenizer.eos_token_id)
+        text = self.tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+        return RubricPrompt(prompt, parse_questions(text))
+
+
+def parse_questions(text: str) -> tuple[Requirement, ...]:
+    """'Q: ...?' lines of an LLM's answer as free-form requirements (duplicates dropped, order kept)."""
+    qs = [line.split("Q:", 1)[1].strip() for line in text.splitlines() if "Q:" in line]
+    return tuple(Requirement("free", q, q) for q in dict.fromkeys(q for q in qs if q))
+
+
+# ------------------------------------------------------------------------------------------- scoring
+def rubric_scores(judge: Judge, prompts: list[RubricPrompt], images: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
+    """Per image, the mean requirement score ([P, N] for uint8 [P, N, H, W, 3]), and per attribute the mean
+    over every image that was asked it, plus `all`: the share of images meeting every requirement (> 0.5)."""
+    per_image = np.zeros(images.shape[:2], np.float64)
+    by_attr: dict[str, list[float]] = {}
+    all_right: list[bool] = []
+    for p, (rp, ims) in enumerate(zip(prompts, images, strict=True)):
+        answers = judge.answer(rp, ims)
+        per_image[p] = answers.mean(1) if answers.shape[1] else 0.0
+        for j, req in enumerate(rp.requirements):
+            by_attr.setdefault(req.attribute, []).extend((answers[:, j] > 0.5).tolist())
+        all_right.extend((answers > 0.5).all(1).tolist())
+    summary = {a: round(float(np.mean(v)), 4) for a, v in sorted(by_attr.items())}
+    summary["all"] = round(float(np.mean(all_right)), 4) if all_right else 0.0
+    return per_image, summary
