@@ -45,3 +45,20 @@ def test_map_on_postgres_matches_the_stage(manifest, tmp_path, dsn):
     got = run_map("filter", manifest / "manifest", tmp_path / "q", cfg, dsn=dsn, workers=2, table="cli_manifest", log=lambda _: None)
     assert (got.kept, got.rejected, got.by_reason) == (ref.kept, ref.rejected, ref.by_reason)
     assert _ids(tmp_path / "q") == _ids(tmp_path / "ref")
+
+
+@pytest.mark.postgres
+def test_watch_finds_the_jobs_of_a_stage_by_itself(dsn):
+    """`kiln map` keys its table names, so `kiln watch STAGE` looks the job up instead of being told the table."""
+    import kiln.warehouse as wh
+    from kiln.warehouse import postgres as pg
+    from kiln.warehouse.cli import job_tables
+    from kiln.warehouse.probes import FILTERLIKE, probe_rows
+
+    with pg.connect(dsn) as conn:
+        pg.drop_job(conn, "q_watch", FILTERLIKE.name)
+    assert "q_watch" not in job_tables(FILTERLIKE.name, dsn)
+    wh.map(FILTERLIKE, probe_rows(5), dsn=dsn, workers=0, table="q_watch", cfg=load_config())
+    assert "q_watch" in job_tables(FILTERLIKE.name, dsn)
+    with pg.connect(dsn) as conn:
+        pg.drop_job(conn, "q_watch", FILTERLIKE.name)

@@ -64,11 +64,31 @@ def cmd_map(args: argparse.Namespace) -> int:
     return 0
 
 
+def job_tables(stage: str, dsn: str | None) -> list[str]:
+    """The input tables that have a job of `stage`: on Postgres from `kiln_jobs`, embedded from the folders."""
+    if dsn is None:
+        from kiln.warehouse.embedded import default_root
+
+        suffix = f"__{stage}"
+        return sorted(p.parent.name[: -len(suffix)] for p in default_root().glob(f"*{suffix}/job.json"))
+    from kiln.warehouse import postgres as pg
+
+    with pg.connect(dsn) as conn:
+        pg.ensure_registry(conn)
+        return [t for (t,) in conn.execute("SELECT input_table FROM kiln_jobs WHERE stage = %s ORDER BY 1", (stage,)).fetchall()]
+
+
 def cmd_watch(args: argparse.Namespace) -> int:
     import kiln.warehouse as wh
 
-    p = wh.attach(args.stage, table=args.table, dsn=args.dsn).wait(progress_bar=True)
-    print(f"{args.stage} on {args.table}: {p.done}/{p.total} done ({p.kept} kept, {p.rejected} rejected), {p.failed} failed, {p.remaining} remaining")
+    table = args.table
+    if table is None:  # kiln map keys its tables: the one job of this stage, if there is one
+        tables = job_tables(args.stage, args.dsn)
+        if len(tables) != 1:
+            raise SystemExit(f"kiln watch {args.stage}: {len(tables)} jobs of this stage ({', '.join(tables) or 'none'}); pick one with --table")
+        (table,) = tables
+    p = wh.attach(args.stage, table=table, dsn=args.dsn).wait(progress_bar=True)
+    print(f"{args.stage} on {table}: {p.done}/{p.total} done ({p.kept} kept, {p.rejected} rejected), {p.failed} failed, {p.remaining} remaining")
     return 0
 
 
@@ -87,6 +107,6 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
     w = subparsers.add_parser("watch", help="attach to a running map job and show its progress")
     w.add_argument("stage")
-    w.add_argument("--table", required=True, help="the table `kiln map` named in its first line")
+    w.add_argument("--table", default=None, help="the table `kiln map` named in its first line (default: the one job of this stage)")
     w.add_argument("--dsn", default=None)
     w.set_defaults(fn=cmd_watch, overrides=[])
