@@ -127,6 +127,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_grpo(args: argparse.Namespace) -> int:
+    from training.grpo_train import grpo
+
+    print(grpo(Path(args.checkpoint), Path(args.out), _cfg(args.overrides), resume=args.resume))
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from dagster_project.run import materialize_all
 
@@ -211,6 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--out", required=True)
     e.add_argument("overrides", nargs="*")
     e.set_defaults(fn=cmd_eval)
+
+    g = sub.add_parser("grpo", help="Flow-GRPO from a checkpoint on the configured rewards (post.*)")
+    g.add_argument("--checkpoint", required=True)
+    g.add_argument("--out", required=True)
+    g.add_argument("--resume", action="store_true", help="continue from OUT's newest DCP checkpoint")
+    g.add_argument("overrides", nargs="*")
+    g.set_defaults(fn=cmd_grpo)
 
     r = sub.add_parser("run", help="materialize the whole asset graph through Dagster")
     r.add_argument("--select", nargs="*", default=None, help="asset keys (default: the main job, raw images to the evaluation)")

@@ -464,6 +464,41 @@ class MetricsConfig(Strict):
     history: str | None = Field(None, description="CSV kept across checkpoints (one row per step); None = only out/history.csv")
 
 
+# ------------------------------------------------------------------------------------- post-training
+class RewardSpec(Strict):
+    """One reward of the mix (training/rewards.py) and its weight."""
+
+    name: Literal["rubric", "text", "aesthetic", "artifact"]
+    weight: float = Field(1.0, gt=0, le=1000)
+    path: str | None = Field(None, description="aesthetic: the reward_model folder; artifact: an HF image classifier folder")
+    labels: list[str] = Field(default_factory=lambda: ["artifact"], description="artifact: the classifier labels that name artifacts")
+
+
+class PostConfig(Strict):
+    """Post-training after SFT (docs/post-training.md): rewards, the rubric judge, and the RL stage."""
+
+    prompts: str | None = Field(None, description="rubric prompt set (JSONL, training/rubric.py); None = the demo grammar's RL prompts")
+    judge: Literal["demo_pixel", "vlm"] = Field("vlm", description="who checks rubric requirements: the demo's pixel checker (a stand-in) or a VLM by path")
+    judge_vlm_path: str | None = Field(None, description="VLM folder for judge=vlm (P(yes) per requirement)")
+    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="rubric")], min_length=1)
+    ocr_upscale: int = Field(1, ge=1, le=16, description="text reward: samples are read at this many times their size")
+    # GRPO (training/grpo_train.py)
+    iterations: int = Field(60, ge=1, le=10_000_000, description="rollout + update rounds")
+    prompts_per_iter: int = Field(4, ge=1, le=65536)
+    group_size: int = Field(8, ge=2, le=1024, description="samples per prompt: the group its advantages are relative to")
+    sample_steps: int = Field(10, ge=2, le=1000, description="SDE sampler steps of a rollout (no CFG)")
+    eta: float = Field(0.7, gt=0, le=5, description="SDE noise level (training/sde.py)")
+    clip: float = Field(0.2, gt=0, le=1, description="PPO ratio clip")
+    kl: float = Field(0.01, ge=0, le=100, description="weight of the KL to the frozen reference")
+    lr: float = Field(1e-4, gt=0, le=1)
+    grad_clip: float = Field(1.0, gt=0, le=1e6)
+    inner_epochs: int = Field(1, ge=1, le=64, description="policy updates per rollout batch")
+    save_every: int = Field(10, ge=1, le=10_000_000, description="DCP checkpoint every N iterations")
+    seed: int = Field(0, ge=0, le=2**63 - 1)
+    device: Literal["cpu", "cuda"] = "cpu"
+    resolution: int | None = Field(None, ge=8, le=16384, description="rollout side in px; None = the checkpoint's training bucket")
+
+
 # --------------------------------------------------------------------------------------------- ladder
 class RungConfig(Strict):
     """One rung of the training ladder (kiln.ladder): a train set packed at its resolution from its mix,
@@ -496,6 +531,7 @@ class KilnConfig(Strict):
     cluster: ClusterConfig = ClusterConfig()
     metrics: MetricsConfig = MetricsConfig()
     ladder: LadderConfig = LadderConfig()
+    post: PostConfig = PostConfig()
 
 
 # -------------------------------------------------------------------------------------------- compose
@@ -503,7 +539,7 @@ class ConfigError(ValueError):
     """A config that does not validate; the message names each bad key and where it came from."""
 
 
-GROUPS = ("data", "model", "train", "cluster", "metrics", "ladder")
+GROUPS = ("data", "model", "train", "cluster", "metrics", "ladder", "post")
 
 
 def conf_dir() -> Path:

@@ -200,3 +200,51 @@ class RewardMix:
             total[ok] += w * parts[r.name][ok]
             weight[ok] += w
         return np.where(weight > 0, total / np.maximum(weight, 1e-12), np.nan), parts
+
+
+def make_judge(post) -> Judge:
+    """The rubric judge a PostConfig names (the demo's pixel checker is a stand-in for demo drawings only)."""
+    from training.rubric import DemoPixelJudge, VLMJudge
+
+    if post.judge == "demo_pixel":
+        return DemoPixelJudge()
+    if not post.judge_vlm_path:
+        raise ValueError("post.judge=vlm needs post.judge_vlm_path (a VLM folder)")
+    return VLMJudge(post.judge_vlm_path, device=post.device)
+
+
+def make_reward_mix(post, embedder=None) -> RewardMix:
+    """The configured rewards with their weights (`post.rewards`); `embedder` scores the aesthetic reward."""
+    out: list[tuple[Reward, float]] = []
+    for spec in post.rewards:
+        if spec.name == "rubric":
+            out.append((RubricReward(make_judge(post)), spec.weight))
+        elif spec.name == "text":
+            from assets.ocr import RapidOCREngine
+
+            out.append((TextRenderingReward(RapidOCREngine(), post.ocr_upscale), spec.weight))
+        elif spec.name == "aesthetic":
+            if not spec.path or embedder is None:
+                raise ValueError("the aesthetic reward needs its reward_model folder (path) and the embedder it was trained on")
+            out.append((AestheticReward(BradleyTerry.load(Path(spec.path)), embedder), spec.weight))
+        elif spec.name == "artifact":
+            if not spec.path:
+                raise ValueError("the artifact reward needs an image classifier folder (path)")
+            out.append((ArtifactReward(spec.path, spec.labels), spec.weight))
+    return RewardMix(out)
+
+
+def post_problems(post) -> list[tuple[str, str]]:
+    """(key, problem) for each model post-training would need and cannot find: checked before any work."""
+    out = []
+    if post.judge == "vlm" and any(r.name == "rubric" for r in post.rewards):
+        if not post.judge_vlm_path:
+            out.append(("post.judge_vlm_path", "the rubric reward's VLM judge is not set (or post.judge=demo_pixel on demo drawings)"))
+        elif "://" not in post.judge_vlm_path and not Path(post.judge_vlm_path).exists():
+            out.append(("post.judge_vlm_path", f"{post.judge_vlm_path} does not exist"))
+    for i, r in enumerate(post.rewards):
+        if r.name in ("aesthetic", "artifact") and (not r.path or not Path(r.path).exists()):
+            out.append((f"post.rewards.{i}.path", f"the {r.name} reward's model folder {r.path or 'is not set'}{'' if not r.path else ' does not exist'}"))
+    if post.prompts and not Path(post.prompts).exists():
+        out.append(("post.prompts", f"{post.prompts} does not exist"))
+    return out

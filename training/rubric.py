@@ -84,6 +84,32 @@ def demo_prompt_set(specs) -> list[RubricPrompt]:
     return [RubricPrompt(s.prompt, demo_requirements(s)) for s in specs]
 
 
+def combination(spec) -> tuple:
+    """What makes two demo prompts the same task for the checker: every attribute it reads."""
+    return (spec.color, spec.shape, spec.count, spec.position, spec.size, spec.background)
+
+
+def demo_rl_prompts(n: int, seed: int, exclude=None) -> list[RubricPrompt]:
+    """`n` distinct demo prompts drawn from the scene grammar (single and counted shapes on plain backgrounds),
+    none with an attribute combination of `exclude` (default: the evaluation's prompts), so the evaluation
+    measures combinations RL never rewarded."""
+    from assets.demo_scenes import PromptSpec, caption_for, demo_prompts, sample_scene
+
+    held_out = {combination(s) for s in (exclude if exclude is not None else demo_prompts())}
+    rng = np.random.default_rng(seed)
+    out: dict[tuple, RubricPrompt] = {}
+    for _ in range(200 * n):
+        scene = sample_scene(rng, "single_shape" if rng.random() < 0.75 else "counted_shapes")
+        sh = scene.shapes[0]
+        spec = PromptSpec(caption_for(scene), sh.color, sh.shape, sh.count, sh.position, sh.size, scene.background.color, scene)
+        key = combination(spec)
+        if key not in held_out and key not in out:
+            out[key] = RubricPrompt(spec.prompt, demo_requirements(spec))
+            if len(out) == n:
+                return list(out.values())
+    raise ValueError(f"the demo grammar gave only {len(out)} distinct prompts outside the held-out set; ask for fewer than {n}")
+
+
 def expected_of(rp: RubricPrompt):
     """The pixel checker's Expected from a demo rubric's requirements."""
     from training.prompt_check import Expected
