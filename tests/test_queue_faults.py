@@ -65,10 +65,11 @@ import kiln.warehouse as wh
 from kiln.config import KilnConfig
 from kiln.warehouse.probes import COMPUTE, probe_rows
 
-wh.map(COMPUTE, probe_rows(60, sleep_s=0.4), workers=1, batch_size=10, cfg=KilnConfig(), root=sys.argv[1]).wait(progress_bar=False)
+wh.map(COMPUTE, probe_rows(60, sleep_s=0.25), workers=1, batch_size=10, cfg=KilnConfig(), root=sys.argv[1]).wait(progress_bar=False)
 """
 
 
+@pytest.mark.slow  # a second Python process, killed mid-run
 def test_embedded_a_killed_run_resumes_where_it_stopped(tmp_path):
     queue = tmp_path / "images__probe_compute"
     run = subprocess.Popen([sys.executable, "-c", textwrap.dedent(KILLED_RUN), str(tmp_path)], start_new_session=True)
@@ -81,7 +82,7 @@ def test_embedded_a_killed_run_resumes_where_it_stopped(tmp_path):
     before = {p.name: p.stat().st_mtime_ns for p in queue.glob("part-*.parquet")}
     assert 2 <= len(before) < 6
 
-    handle = wh.map(COMPUTE, probe_rows(60, sleep_s=0.4), workers=1, batch_size=10, cfg=KilnConfig(), root=tmp_path)
+    handle = wh.map(COMPUTE, probe_rows(60, sleep_s=0.25), workers=1, batch_size=10, cfg=KilnConfig(), root=tmp_path)
     final = handle.wait(progress_bar=False, timeout=60)
     assert (final.done, final.remaining) == (60, 0)
     after = {p.name: p.stat().st_mtime_ns for p in queue.glob("part-*.parquet")}

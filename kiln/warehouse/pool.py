@@ -46,6 +46,9 @@ def run_batch(stage_ref: str, config_json: str, rows: pa.Table) -> BatchResult:
     return process_batch(stage, rows, cfg)
 
 
+READY = "ready"
+
+
 class WorkerError(RuntimeError):
     """The worker itself failed (the stage would not load or set up): a fault of the run, not of a row."""
 
@@ -56,6 +59,7 @@ def serve(conn: Connection, stage_ref: str, config_json: str) -> None:
         stage, cfg = _stage_and_config(stage_ref, config_json)
         if stage.setup is not None:
             stage.setup(cfg)
+        conn.send(READY)  # the lease of a batch starts here, not while the stage's models load
         while (rows := conn.recv()) is not None:
             conn.send(run_batch(stage_ref, config_json, rows))  # a row's own error is in the result
     except Exception as e:  # noqa: BLE001 - handed to the driver, which stops the run with it
@@ -95,24 +99,26 @@ class _Worker:
 
 
 class BatchPool:
-    """Up to `workers` processes running `stage_ref` over batches; `run` yields each batch's outcome."""
+    """Up to `workers` processes running `stage_ref` over batches; `run` yields each batch's outcome.
+
+    A batch goes only to a worker that has said it is ready (stage imported and set up), so the lease
+    times the batch alone. A worker that dies before it is ready is a fault of the run, not of a row.
+    """
 
     def __init__(self, workers: int, stage_ref: str, config_json: str, lease_s: float):
         module = (stage_ref.split(":")[0],) if ":" in stage_ref else ()
         self.ctx = worker_context(("kiln.warehouse.pool", *module))
         self.size, self.stage_ref, self.config_json, self.lease_s = max(workers, 1), stage_ref, config_json, lease_s
+        self.starting: list[_Worker] = []
         self.idle: list[_Worker] = []
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for w in self.idle:
+        for w in self.starting + self.idle:
             w.stop()
-        self.idle = []
-
-    def _worker(self) -> _Worker:
-        return self.idle.pop() if self.idle else _Worker(self.ctx, self.stage_ref, self.config_json)
+        self.starting, self.idle = [], []
 
     def run(self, batches: Iterable[tuple[object, pa.Table]]) -> Iterator[tuple[object, BatchResult | Lost]]:
         """(key, rows) in, (key, BatchResult or Lost) out, in completion order."""
@@ -120,14 +126,19 @@ class BatchPool:
         busy: list[_Worker] = []
         try:
             while todo or busy:
-                while todo and len(busy) < self.size:
+                while todo and self.idle:
                     key, rows = todo.popleft()
-                    w = self._worker()
+                    w = self.idle.pop()
                     w.conn.send(rows)
                     w.job = (key, time.monotonic() + self.lease_s)
                     busy.append(w)
-                deadline = min(w.job[1] for w in busy)
-                wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout=max(deadline - time.monotonic(), 0))
+                for _ in range(min(len(todo), self.size - len(busy)) - len(self.starting)):
+                    self.starting.append(_Worker(self.ctx, self.stage_ref, self.config_json))
+                deadline = min((w.job[1] for w in busy), default=None)
+                watched = busy + self.starting
+                timeout = None if deadline is None else max(deadline - time.monotonic(), 0)
+                wait([w.conn for w in watched] + [w.process.sentinel for w in watched], timeout=timeout)
+                self._check_starting()
                 for w in list(busy):
                     outcome = self._outcome(w)
                     if outcome is None:
@@ -145,6 +156,23 @@ class BatchPool:
         finally:
             for w in busy:  # the caller stopped early (an error): nothing may outlive the run
                 w.stop(kill=True)
+
+    def _check_starting(self) -> None:
+        for w in list(self.starting):
+            if w.conn.poll():
+                try:
+                    msg = w.conn.recv()
+                except (EOFError, OSError):
+                    msg = None
+                if msg == READY:
+                    self.starting.remove(w)
+                    self.idle.append(w)
+                    continue
+                if isinstance(msg, WorkerError):
+                    raise msg
+            if not w.process.is_alive():
+                w.process.join()
+                raise WorkerError(f"{self.stage_ref} worker died while starting ({exit_description(w.process.exitcode)})")
 
     def _outcome(self, w: _Worker) -> BatchResult | Lost | WorkerError | None:
         """The batch's result, or why it has none, or None while it is still running within its lease."""
