@@ -201,7 +201,7 @@ def filtered_queue(context, kiln: KilnResource) -> dg.MaterializeResult:
     out = kiln.path("filtered_queue")
     on_slurm = dsn is not None and cfg.cluster.kind == "slurm"  # the cluster tier: a Slurm array of queue workers
     workers, slurm_workers = (0, cfg.cluster.max_array_parallel) if on_slurm else (cfg.cluster.workers, 0)
-    summary = run_map("filter", kiln.path("manifest"), out, cfg, dsn, workers, "manifest", log=context.log.info, slurm_workers=slurm_workers)
+    summary = run_map("filter", kiln.path("manifest"), out, cfg, dsn, workers, None, log=context.log.info, slurm_workers=slurm_workers)  # a table keyed by input and config
     return dg.MaterializeResult(metadata={**stage_metadata(summary, out), "warehouse": "postgres" if dsn else "embedded (duckdb)"})
 
 

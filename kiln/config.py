@@ -497,6 +497,17 @@ class PostConfig(Strict):
     seed: int = Field(0, ge=0, le=2**63 - 1)
     device: Literal["cpu", "cuda"] = "cpu"
     resolution: int | None = Field(None, ge=8, le=16384, description="rollout side in px; None = the checkpoint's training bucket")
+    # preference pairs (training/pairs.py) and Diffusion-DPO (training/dpo_train.py)
+    pair_prompts: int = Field(64, ge=1, le=10_000_000, description="prompts sampled for on-policy pairs")
+    pair_k: int = Field(4, ge=2, le=256, description="samples per prompt; the best and worst make a pair")
+    pair_margin: float = Field(0.2, ge=0, le=1000, description="minimum reward gap between winner and loser")
+    dpo_steps: int = Field(200, ge=1, le=10_000_000)
+    dpo_batch: int = Field(8, ge=1, le=65536)
+    dpo_beta: float = Field(500.0, gt=0, le=1e7, description="DPO's beta on velocity-error differences")
+    dpo_lr: float = Field(1e-5, gt=0, le=1)
+    winner_anchor: float = Field(0.0, ge=0, le=1e6, description="weight of the penalty on a winner likelihood below the reference's (0 = plain DPO)")
+    guard_patience: int = Field(20, ge=2, le=1_000_000, description="steps both likelihoods must fall below the reference before the guard fires")
+    guard_action: Literal["warn", "stop"] = "warn"
 
 
 # --------------------------------------------------------------------------------------------- ladder

@@ -62,3 +62,12 @@ def test_watch_finds_the_jobs_of_a_stage_by_itself(dsn):
     assert "q_watch" in job_tables(FILTERLIKE.name, dsn)
     with pg.connect(dsn) as conn:
         pg.drop_job(conn, "q_watch", FILTERLIKE.name)
+
+
+def test_map_refuses_an_output_over_its_input_before_any_work(manifest, tmp_path):
+    from kiln.outputs import OutputError
+
+    before = sorted(p.name for p in (manifest / "manifest" / "kept").iterdir())
+    with pytest.raises(OutputError):
+        run_map("filter", manifest / "manifest", manifest / "manifest", load_config([]), dsn=None, workers=1, log=lambda _: None)
+    assert sorted(p.name for p in (manifest / "manifest" / "kept").iterdir()) == before

@@ -7,7 +7,8 @@ from pathlib import Path
 
 
 def run_map(
-    stage: str, input_dir: Path, output: Path, cfg, dsn: str | None, workers: int, table: str | None = None, log=print, slurm_workers: int = 0
+    stage: str, input_dir: Path, output: Path, cfg, dsn: str | None, workers: int, table: str | None = None, log=print, slurm_workers: int = 0,
+    overwrite: bool = False,
 ):
     """Load a stage input folder into the warehouse, work it with `workers` local processes (and
     `slurm_workers` Slurm array tasks, Postgres only), write the usual OUT/kept, OUT/rejected,
@@ -23,6 +24,9 @@ def run_map(
     from kiln.executors import queue_table
     from kiln.stage import get_stage, input_shards, write_stage_output
 
+    from kiln.outputs import check_output
+
+    check_output(output, input_dir, overwrite)  # before any work: never an output over the input or over foreign files
     st = get_stage(stage)
     rows = pa.concat_tables(input_shards(st, Path(input_dir), cfg))
     if slurm_workers and dsn is None:
@@ -37,7 +41,7 @@ def run_map(
         raise RuntimeError(f"{stage}: {p.remaining} rows without a result ({p.failed} failed after every attempt); see handle.state()")
     results = handle.results()
     check_rows_out(stage, table, rows, results)
-    return write_stage_output(st, rows.num_rows, [results], Path(output), cfg)
+    return write_stage_output(st, rows.num_rows, [results], Path(output), cfg, input_path=input_dir, overwrite=overwrite)
 
 
 def check_rows_out(stage: str, table: str, rows, results) -> None:
@@ -59,7 +63,7 @@ def cmd_map(args: argparse.Namespace) -> int:
     from kiln.warehouse.local import local_postgres_dsn
 
     dsn = args.dsn or (local_postgres_dsn() if args.postgres else None)
-    s = run_map(args.stage, Path(args.input), Path(args.output), load_config(args.overrides), dsn, args.workers, args.table, slurm_workers=args.slurm_workers)
+    s = run_map(args.stage, Path(args.input), Path(args.output), load_config(args.overrides), dsn, args.workers, args.table, slurm_workers=args.slurm_workers, overwrite=args.overwrite)
     print(s.to_json(), end="")
     return 0
 
@@ -102,6 +106,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--workers", type=int, default=2, help="local worker processes (more can join: kiln.warehouse.run_worker)")
     m.add_argument("--slurm-workers", type=int, default=0, help="also this many workers as a Slurm job array (Postgres; a cluster=... profile)")
     m.add_argument("--table", default=None, help="warehouse table name (default: one keyed by stage, input version and config)")
+    m.add_argument("--overwrite", action="store_true", help="replace an existing output folder kiln did not write")
     m.add_argument("overrides", nargs="*")
     m.set_defaults(fn=cmd_map)
 
