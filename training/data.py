@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kiln.config import ConfigError
 from kiln.sampling import check_form_probs, copies_in_epoch, pick_form
 from kiln.schemas import TRAIN, check_schema
 from kiln.stage import read_dataset
@@ -186,7 +187,11 @@ class TrainSet:
     def from_dir(cls, data_dir: Path, max_batch_size: int, holdout: int = 0, form_probs: dict[str, float] | None = None, init_from: Path | str | None = None) -> "TrainSet":
         """Hold out `holdout` rows, or the rows `init_from`'s run held out (choose_heldout); `held_out` says which."""
         table = read_train_table(data_dir)
-        held = choose_heldout(table.column("id").to_pylist(), holdout, init_from)
+        ids = set(table.column("id").to_pylist())
+        held = choose_heldout(ids, holdout, init_from)
+        if ids and ids <= held:  # else the trainer would fail later with "no training row has a positive sampling weight"
+            why = f"the {len(held)} rows {init_from} held out" if read_heldout(init_from) is not None else f"train.holdout={holdout}"
+            raise ConfigError(f"{why}: no row is left to train on, the train set {data_dir} has {len(ids)} rows (train.holdout must be below that)")
         out = cls.from_table(table, max_batch_size, held, form_probs)
         out.held_out = held
         return out
