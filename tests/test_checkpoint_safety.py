@@ -14,6 +14,7 @@ A micro DiT on demo scenes, as in test_training_dcp.py; the signing key lives in
 
 import json
 import logging
+import os
 import pickle
 import signal
 import subprocess
@@ -333,3 +334,36 @@ def test_pickled_values_inside_shards_run_no_code(tmp_path):
 def test_an_unsigned_manifest_is_untrusted():
     with pytest.raises(CheckpointUntrusted, match="has no checksum manifest"):
         read_manifest(Path("/nonexistent/checksums.json"), key=b"k" * 32)
+
+
+# ------------------------------------------------------------------------------------ two ranks (gloo)
+def _rank_worker(rank: int, world: int, port: int, data: str, out: str, te: str, key: str, resume: bool) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), **{KEY_ENV: key})
+    cfg = _cfg(Path(te), dcp={"every": 2, "keep": 3, "async_save": True})
+    train(Path(data), Path(out), cfg, resume=resume, stop_at=None if resume else 4)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_two_ranks_sign_their_own_shards_and_fall_back_together_from_a_corrupt_one(tmp_path, data, text_encoder_dir):
+    """Each rank hashes its own files when its write is done; on resume each verifies its share, and one
+    rank's bad file moves every rank back to the same earlier checkpoint (no rank loads a different step)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    def launch(resume: bool) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        mp.spawn(_rank_worker, args=(2, port, str(data), str(out), str(text_encoder_dir), os.environ[KEY_ENV], resume), nprocs=2, join=True)
+
+    out = tmp_path / "run"
+    launch(resume=False)
+    step = step_dir(out, 4)
+    assert [d.name for d in complete_checkpoints(out)] == ["step-000002", "step-000004"]
+    assert {json.loads((step / manifest_name(r)).read_text())["rank"] for r in (0, 1)} == {0, 1}
+    _flip(next(step.glob("__1_*.distcp")))  # rank 1's shard of the newest checkpoint
+    launch(resume=True)
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, STEPS + 1))
+    assert json.loads((step_dir(out, STEPS) / "train_state.json").read_text())["world_size"] == 2

@@ -175,8 +175,10 @@ class Checkpointer:
         return path
 
     def _cpu_group(self):
-        """Async saves coordinate over a CPU (gloo) group; made once when the job's backend is NCCL."""
-        if not dist.is_initialized() or dist.get_backend() == "gloo":
+        """A gloo group of the checkpointer's own, made once (in __init__, on every rank): an async save's
+        collectives run in its thread while training's run on the default group, and two threads must
+        never share one group (gloo then mixes their messages up)."""
+        if not dist.is_initialized() or _world() == 1:
             return None
         if not hasattr(self, "_gloo"):
             self._gloo = dist.new_group(backend="gloo")
