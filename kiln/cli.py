@@ -127,6 +127,31 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pairs(args: argparse.Namespace) -> int:
+    import json
+
+    from training.pairs import make_pairs
+
+    print(json.dumps(make_pairs(Path(args.checkpoint), Path(args.out), _cfg(args.overrides)), indent=2, sort_keys=True))
+    return 0
+
+
+def cmd_reward_model(args: argparse.Namespace) -> int:
+    import json
+
+    from training.reward_model import train_reward_model
+
+    print(json.dumps(train_reward_model(Path(args.pairs), Path(args.out), _cfg(args.overrides), args.source), indent=2, sort_keys=True))
+    return 0
+
+
+def cmd_dpo(args: argparse.Namespace) -> int:
+    from training.dpo_train import dpo
+
+    print(dpo(Path(args.checkpoint), Path(args.pairs), Path(args.out), _cfg(args.overrides), resume=args.resume, source=args.source))
+    return 0
+
+
 def cmd_grpo(args: argparse.Namespace) -> int:
     from training.grpo_train import grpo
 
@@ -218,6 +243,28 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--out", required=True)
     e.add_argument("overrides", nargs="*")
     e.set_defaults(fn=cmd_eval)
+
+    pp = sub.add_parser("pairs", help="on-policy preference pairs from a checkpoint, scored by the reward mix (post.*)")
+    pp.add_argument("--checkpoint", required=True)
+    pp.add_argument("--out", required=True)
+    pp.add_argument("overrides", nargs="*")
+    pp.set_defaults(fn=cmd_pairs)
+
+    rm = sub.add_parser("reward-model", help="fit the Bradley-Terry aesthetic reward head on preference pairs")
+    rm.add_argument("--pairs", required=True)
+    rm.add_argument("--out", required=True)
+    rm.add_argument("--source", default=None, choices=["on_policy", "human"], help="only pairs of this source")
+    rm.add_argument("overrides", nargs="*")
+    rm.set_defaults(fn=cmd_reward_model)
+
+    dp = sub.add_parser("dpo", help="Diffusion-DPO from a checkpoint on preference pairs (post.dpo_*)")
+    dp.add_argument("--checkpoint", required=True)
+    dp.add_argument("--pairs", required=True)
+    dp.add_argument("--out", required=True)
+    dp.add_argument("--resume", action="store_true")
+    dp.add_argument("--source", default=None, choices=["on_policy", "human"], help="human: calibration on human labels only")
+    dp.add_argument("overrides", nargs="*")
+    dp.set_defaults(fn=cmd_dpo)
 
     g = sub.add_parser("grpo", help="Flow-GRPO from a checkpoint on the configured rewards (post.*)")
     g.add_argument("--checkpoint", required=True)

@@ -113,6 +113,21 @@ def _training_stages(cfg, user: list[str]) -> dict:
     return stages
 
 
+def _post_stages(user: list[str]) -> dict:
+    """Post-training after `checkpoint` (dagster_project/post_training.py): pairs, reward model, DPO, GRPO."""
+    d = DATA
+    return {
+        "preference_pairs": _stage(_cmd(f"kiln pairs --checkpoint {d}/{FINAL} --out {d}/preference_pairs", user),
+                                   [f"{d}/{FINAL}", *code_files("training.pairs")], ["post", "train.sample"], [f"{d}/preference_pairs"]),
+        "reward_model": _stage(_cmd(f"kiln reward-model --pairs {d}/preference_pairs --out {d}/reward_model", user),
+                               [f"{d}/preference_pairs", *code_files("training.reward_model")], ["data.embed"], [f"{d}/reward_model"]),
+        "checkpoint_dpo": _stage(_cmd(f"kiln dpo --checkpoint {d}/{FINAL} --pairs {d}/preference_pairs --out {d}/checkpoint_dpo", user),
+                                 [f"{d}/{FINAL}", f"{d}/preference_pairs", *code_files("training.dpo_train")], ["post"], [f"{d}/checkpoint_dpo"]),
+        "checkpoint_grpo": _stage(_cmd(f"kiln grpo --checkpoint {d}/checkpoint_dpo --out {d}/checkpoint_grpo", user),
+                                  [f"{d}/checkpoint_dpo", *code_files("training.grpo_train")], ["post"], [f"{d}/checkpoint_grpo"]),
+    }  # fmt: skip
+
+
 def render(overrides: list[str] | None = None) -> tuple[str, str]:
     """(dvc.yaml, params.yaml) for the default profile, or for `overrides` (`data=web data.source=s3://...`),
     which every stage's command then carries, so DVC runs what params.yaml says."""
@@ -120,7 +135,7 @@ def render(overrides: list[str] | None = None) -> tuple[str, str]:
 
     overrides = list(overrides or [])
     cfg = load_config(overrides)
-    stages = {**_source_stages(cfg, overrides), **_data_stages(cfg, overrides), **_pool_stages(cfg, overrides), **_training_stages(cfg, overrides)}
+    stages = {**_source_stages(cfg, overrides), **_data_stages(cfg, overrides), **_pool_stages(cfg, overrides), **_training_stages(cfg, overrides), **_post_stages(overrides)}
     doc = {
         "stages": stages,
         "metrics": [f"{DATA}/{s.key}/summary.json" for s in data_steps(cfg)] + [f"{DATA}/eval/metrics.json"],
