@@ -229,11 +229,11 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
     import torch.distributed as dist
 
     from model.autoencoder import from_uint8_nhwc
-    from training.data import DataPosition, TrainSet, next_position, write_heldout
     from training.checkpoint import write_export_manifest
+    from training.data import DataPosition, TrainSet, next_position, write_heldout
     from training.dcp import Checkpointer, LoadPolicy, RunState
-    from training.eval_protocol import dataset_version
     from training.distributed import build_ranks, export_checkpoint, init_distributed, local_rows
+    from training.eval_protocol import dataset_version
     from training.gpu_telemetry import GpuMonitor, peak_tflops
     from training.loader import Prefetcher, latent_encoder
     from training.muon import make_optimizer
