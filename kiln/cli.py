@@ -290,6 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
     from assets.cluster import add_review_parser
 
     add_review_parser(sub)
+
+    from training.annotate import add_parser as add_annotate
+
+    add_annotate(sub)
     return p
 
 

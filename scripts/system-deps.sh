@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# System packages the tests need: Slurm + munge, PostgreSQL, tesseract, a TTF font, the GL/GLib libraries opencv loads. Installs only what
+# System packages the tests need: Slurm + munge, PostgreSQL, tesseract, a TTF font, the GL/GLib libraries opencv loads, Chromium. Installs only what
 # is missing; needs root (CI runs as root). Idempotent.
 set -euo pipefail
 need=()
@@ -10,6 +10,7 @@ command -v tesseract >/dev/null || need+=(tesseract-ocr)
 ldconfig -p | grep -q "libGL.so.1 " || need+=(libgl1)          # opencv (rapidocr) needs it to import
 ldconfig -p | grep -q "libglib-2.0.so.0 " || need+=(libglib2.0-0)
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)  # the OCR tests render signs in it
+command -v chromium >/dev/null || need+=(chromium)  # the annotation page's test drives it headless (tests/chromium.py)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
   echo "system-deps: missing ${need[*]}; install them (apt-get install ${need[*]}) or run as root" >&2
