@@ -560,6 +560,7 @@ class PostConfig(Strict):
     """Post-training after SFT (docs/post-training.md): rewards, the rubric judge, and the RL stage."""
 
     prompts: str | None = Field(None, description="rubric prompt set (JSONL, training/rubric.py); None = the demo grammar's RL prompts")
+    eval_prompts: str | None = Field(None, description="rubric prompt set the evaluation's prompt following is scored on; None = the 12 demo prompts")
     judge: Literal["demo_pixel", "vlm"] = Field("vlm", description="who checks rubric requirements: the demo's pixel checker (a stand-in) or a VLM by path")
     judge_vlm_path: str | None = Field(None, description="VLM folder for judge=vlm (P(yes) per requirement)")
     rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="rubric")], min_length=1)
@@ -764,7 +765,10 @@ def validate(raw: dict[str, Any], choices: dict[str, str] | None = None, overrid
     except ValidationError as e:
         lines = [line(tuple(err["loc"]), "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, "), error_keys(err)) for err in e.errors()]
         raise ConfigError("invalid kiln config:\n" + "\n".join(lines)) from None
-    if problems := model_problems(cfg.data):
+    problems = model_problems(cfg.data)
+    if cfg.post.judge == "vlm" and (why := _missing_path(cfg.post.judge_vlm_path)):  # the evaluation's prompt following asks it
+        problems.append(("post.judge_vlm_path", f"the rubric judge's VLM folder {why} (post=demo judges demo drawings with the pixel checker)"))
+    if problems:
         profile = (choices or {}).get("data", "?")
         lines = [line(tuple(key.split(".")), what) for key, what in problems]
         raise ConfigError(f"the data profile `{profile}` cannot run:\n" + "\n".join(lines))

@@ -182,3 +182,15 @@ def test_the_mix_renormalises_weights_where_a_reward_cannot_score_a_prompt():
     mix = RewardMix([(Const("rubric", [1.0, 0.0]), 3.0), (Const("text", [np.nan, 1.0]), 1.0)])
     total, parts = mix.score(RubricPrompt("p", (Requirement("color", "red", "?"),)), np.zeros((2, 4, 4, 3), np.uint8))
     assert total.tolist() == [1.0, 0.25] and set(parts) == {"rubric", "text"}
+
+
+def test_the_rubric_with_the_pixel_judge_scores_exactly_what_the_demo_checker_did():
+    """The evaluation's prompt following moved onto the rubric; on the demo its numbers are the checker's."""
+    from assets.demo_scenes import demo_prompts
+    from training.prompt_check import accuracy, expected_from_specs
+
+    prompts, images = demo_images()
+    rng = np.random.default_rng(3)
+    mixed = np.concatenate([images, np.roll(images, 2, axis=0), rng.integers(0, 255, images.shape, dtype=np.uint8)], axis=1)  # [P, 3, ...]
+    _, summary = rubric_scores(DemoPixelJudge(), prompts, mixed)
+    assert summary == accuracy(mixed, expected_from_specs(demo_prompts()))

@@ -2,7 +2,7 @@
 
   heldout_loss    flow-matching loss on the rows the trainer held out, at fixed timesteps with fixed
                   noise per row (seeded by the row id): deterministic and comparable across checkpoints
-  prompt_following per-attribute accuracy of generated demo-prompt images (training.prompt_check)
+  prompt_following per-attribute accuracy of generated images under the rubric (post.eval_prompts, post.judge; training.rubric)
   baseline        the same two measures for the untrained model (same config, same init seed), so the
                   numbers show what training bought
   throughput      the training run's samples/s and tokens/s (throughput.json), next to the quality
@@ -31,7 +31,6 @@ from training.data import decode_pixels, holdout_ids, read_heldout, read_train_t
 from training.eval_protocol import evaluate_distribution, record
 from training.objective import flow_loss
 from training.plots import sample_grid
-from training.prompt_check import accuracy, expected_from_specs
 from training.sampling import checkpoint_resolution, generate, sampling_shift
 
 
@@ -77,13 +76,25 @@ def heldout_loss(gen, rows: pa.Table, timesteps: list[float], seed: int) -> dict
     return out
 
 
-def prompt_following(gen, cfg: KilnConfig, height: int, width: int) -> tuple[dict[str, float], np.ndarray]:
+def eval_rubric(cfg: KilnConfig):
+    """The evaluation's prompt set and judge: `post.eval_prompts` (a rubric JSONL) or the 12 demo prompts,
+    judged by `post.judge` (the demo profile's: the pixel checker, named demo_pixel_checker)."""
     from assets.demo_scenes import demo_prompts
+    from training.rewards import make_judge
+    from training.rubric import demo_prompt_set, read_prompt_set
 
-    specs = demo_prompts()
+    prompts = read_prompt_set(Path(cfg.post.eval_prompts)) if cfg.post.eval_prompts else demo_prompt_set(demo_prompts())
+    return prompts, make_judge(cfg.post)
+
+
+def prompt_following(gen, cfg: KilnConfig, height: int, width: int) -> tuple[dict[str, float], np.ndarray]:
+    """Per-requirement-attribute accuracy and `all` (every requirement met) of generated images: the rubric."""
+    from training.rubric import rubric_scores
+
+    prompts, judge = eval_rubric(cfg)
     ec = cfg.train.eval
-    images = generate(gen, [s.prompt for s in specs], ec.n_per_prompt, height, width, ec.steps, cfg.train.sample.cfg_scale, ec.seed, sampling_shift(gen, height, width, cfg.train))
-    return accuracy(images, expected_from_specs(specs)), images
+    images = generate(gen, [p.prompt for p in prompts], ec.n_per_prompt, height, width, ec.steps, cfg.train.sample.cfg_scale, ec.seed, sampling_shift(gen, height, width, cfg.train))
+    return rubric_scores(judge, prompts, images)[1], images
 
 
 def score(gen, rows: pa.Table, cfg: KilnConfig, height: int, width: int) -> tuple[dict, np.ndarray]:
@@ -118,16 +129,15 @@ def evaluate(checkpoint: Path, data_dir: Path, out: Path, cfg: KilnConfig) -> di
         "checkpoint": {"step": state.step, "final_loss": state.final_loss, "loss_ema": state.loss_ema, "num_params": state.num_params, "bucket": state.bucket},
         "heldout": {"rows": rows.num_rows, "held_out": is_heldout, "timesteps": list(cfg.train.eval.loss_timesteps), "seed": cfg.train.eval.seed},
         "distribution_setup": distribution_setup,
-        "prompt_following_setup": {"prompts": images.shape[0], "per_prompt": images.shape[1], "steps": cfg.train.eval.steps, "cfg_scale": cfg.train.sample.cfg_scale, "seed": cfg.train.eval.seed},
+        "prompt_following_setup": {"prompts": images.shape[0], "per_prompt": images.shape[1], "steps": cfg.train.eval.steps, "cfg_scale": cfg.train.sample.cfg_scale, "seed": cfg.train.eval.seed,
+                                   "prompt_set": cfg.post.eval_prompts or "demo prompts (assets.demo_scenes.demo_prompts)", "judge": eval_rubric(cfg)[1].name},
         **trained_scores,
         "baseline": baseline_scores,
         "throughput": json.loads(throughput_file.read_text()) if throughput_file.exists() else None,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-    from assets.demo_scenes import demo_prompts
-
-    sample_grid(images, [s.prompt for s in demo_prompts()]).save(out / "eval_samples.png", format="PNG")
+    sample_grid(images, [p.prompt for p in eval_rubric(cfg)[0]]).save(out / "eval_samples.png", format="PNG")
     record(metrics, out, cfg)
     log.info("eval: held-out loss %.4f (untrained %.4f), prompt following %s (untrained %s)", trained_scores["heldout_loss"]["mean"], baseline_scores["heldout_loss"]["mean"], trained_scores["prompt_following"], baseline_scores["prompt_following"])
     return metrics

@@ -13,10 +13,12 @@ RECORDS = (HELDOUT_FILE, "train_data.json", "throughput.json", "loss.csv", "loss
 
 
 def write_final_checkpoint(last_rung: Path, k: int, out: Path) -> Path:
+    from training.checkpoint import write_export_manifest
     from training.pma import pma_from_run
 
     out = pma_from_run(Path(last_rung), k, Path(out))
     for name in RECORDS:
         if (Path(last_rung) / name).exists():
             shutil.copyfile(Path(last_rung) / name, out / name)
+    write_export_manifest(out)  # the copied records are covered by the folder's checksums too
     return out

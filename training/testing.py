@@ -59,10 +59,10 @@ def write_pack_output(folder: Path, table: pa.Table, shard_rows: int = 64) -> Pa
 
 def tiny_config(text_encoder_dir: Path, **train) -> KilnConfig:
     """The micro DiT over a tiny random BERT, and a short, quiet training run."""
-    from kiln.config import TrainConfig
+    from kiln.config import PostConfig, TrainConfig
     from model.testing import micro_model_config
 
     fields = {"steps": 30, "batch_size": 8, "lr": 3e-3, "warmup_steps": 3, "holdout": 8, "log_every": 0, "threads": 1}
     fields |= {"sample": {"steps": 4, "n_per_prompt": 2}, "eval": {"steps": 4, "n_per_prompt": 1}}
     fields.update(train)
-    return KilnConfig(model=micro_model_config(text_encoder_dir), train=TrainConfig.model_validate(fields))
+    return KilnConfig(model=micro_model_config(text_encoder_dir), train=TrainConfig.model_validate(fields), post=PostConfig(judge="demo_pixel"))
