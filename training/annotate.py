@@ -66,11 +66,11 @@ class Annotation:
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>kiln annotate</title>
 <style>
-body {{ font-family: system-ui, sans-serif; margin: 1.5rem auto; max-width: 70rem; color: #222; }}
+body {{ font-family: system-ui, sans-serif; margin: 1rem auto; padding: 0 1rem; max-width: 70rem; color: #222; }}
 #prompt {{ font-size: 1.3rem; margin: 1rem 0; }}
 .pair {{ display: flex; gap: 1.5rem; }}
 figure {{ margin: 0; flex: 1; text-align: center; }}
-figure img {{ width: 100%; max-width: 32rem; image-rendering: pixelated; border: 1px solid #ccc; }}
+figure img {{ width: min(100%, 55vh); image-rendering: pixelated; border: 1px solid #ccc; }}
 button {{ font-size: 1.1rem; padding: .5rem 1.5rem; margin: .5rem; }}
 .keys, #counter {{ color: #555; }}
 </style></head><body>
