@@ -25,7 +25,9 @@ from kiln.schemas import MIX, check_schema
 from kiln.sql import reproducible_connection
 from kiln.stage import read_dataset, write_table
 
-SOURCE = r"""regexp_extract(uri, '([^/:]+)(/|::)[^/:]+$', 1)"""
+# where a row came from: a tar member's shard file (kiln.uri: tar://<shard>#<member>), else the file's folder
+SOURCE = r"""CASE WHEN starts_with(uri, 'tar://') THEN regexp_extract(uri, '^tar://(?:[^#]*/)?([^/#]+)#', 1)
+    ELSE regexp_extract(uri, '([^/]+)/[^/]+$', 1) END"""
 
 
 def quotas(parts: list[tuple[str, float]], size: int) -> dict[str, int]:

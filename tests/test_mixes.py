@@ -77,3 +77,16 @@ def test_written_mixes_carry_their_sql_and_reproduce_byte_for_byte(tmp_path):
         stored = json.loads(pq.read_schema(a).metadata[b"kiln.mix"])
         assert stored == meta[mix] and "FROM warehouse" in stored["sql"]
     assert json.loads((tmp_path / "a" / "mixes.json").read_text()) == meta
+
+
+def test_a_rows_source_is_its_tar_shard_or_its_folder():
+    import duckdb
+
+    from assets.mixes import SOURCE
+
+    con = duckdb.connect()
+    source = lambda uri: con.execute(f"SELECT {SOURCE} FROM (SELECT ? AS uri)", [uri]).fetchone()[0]  # noqa: E731
+    assert source("tar:///data/shards/shard-000.tar#s/000.jpg") == "shard-000.tar"
+    assert source("tar://s3://bucket/web/shard-7.tar#000.jpg") == "shard-7.tar"
+    assert source("/data/raw/photos/x::y.jpg") == "photos"  # `::` is part of a file name, not a member
+    assert source("s3://bucket/scans/a.png") == "scans"
