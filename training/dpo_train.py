@@ -22,6 +22,7 @@ from training.data import DataPosition
 from training.dcp import Checkpointer, RunState
 from training.pairs import decode_png, read_pairs
 from training.preference import DivergenceError, DivergenceGuard, dpo_loss, velocity_errors
+from training.sde import conditioned
 
 HISTORY = "dpo_history.jsonl"
 
@@ -69,11 +70,11 @@ def dpo(checkpoint: Path, pairs: Path, out: Path, cfg: KilnConfig, resume: bool 
         eps = torch.randn(x_w.shape, generator=g).to(device)
         t = sample_timesteps(len(idx), g, cfg.train.timestep_mean, cfg.train.timestep_std, shift, device)
         text = policy.encode_text([prompts[i] for i in idx.tolist()])
-        e_w = velocity_errors(lambda x, tt: policy(x, tt, text), x_w, eps, t)
-        e_l = velocity_errors(lambda x, tt: policy(x, tt, text), x_l, eps, t)
+        e_w = velocity_errors(conditioned(policy, text), x_w, eps, t)
+        e_l = velocity_errors(conditioned(policy, text), x_l, eps, t)
         with torch.no_grad():
-            e_w_ref = velocity_errors(lambda x, tt: reference(x, tt, text), x_w, eps, t)
-            e_l_ref = velocity_errors(lambda x, tt: reference(x, tt, text), x_l, eps, t)
+            e_w_ref = velocity_errors(conditioned(reference, text), x_w, eps, t)
+            e_l_ref = velocity_errors(conditioned(reference, text), x_l, eps, t)
         terms = dpo_loss(e_w, e_l, e_w_ref, e_l_ref, post.dpo_beta, post.winner_anchor)
         opt.zero_grad(set_to_none=True)
         terms.loss.backward()

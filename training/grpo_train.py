@@ -28,7 +28,7 @@ from training.data import DataPosition
 from training.dcp import Checkpointer, RunState
 from training.grpo import clipped_policy_loss, gaussian_kl, group_advantages
 from training.rubric import RubricPrompt, demo_rl_prompts, read_prompt_set
-from training.sde import rollout, step_logprob
+from training.sde import conditioned, rollout, step_logprob
 
 HISTORY = "grpo_history.jsonl"
 
@@ -82,7 +82,7 @@ def grpo(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = False, sto
         text = policy.encode_text([p.prompt for p in chosen for _ in range(G)])
         noise = torch.randn(len(chosen) * G, policy.autoencoder.latent_channels, height // ds, width // ds, generator=torch.Generator().manual_seed(iteration_seed(post.seed, it, "noise"))).to(device)
         policy.eval()
-        traj = rollout(lambda x, t: policy(x, t, text), noise, post.sample_steps, shift, post.eta, torch.Generator().manual_seed(iteration_seed(post.seed, it, "sde")))
+        traj = rollout(conditioned(policy, text), noise, post.sample_steps, shift, post.eta, torch.Generator().manual_seed(iteration_seed(post.seed, it, "sde")))
         images = policy.autoencoder.decode(traj.final).cpu().numpy().reshape(len(chosen), G, height, width, 3)
         scores, parts = zip(*(mix.score(p, ims) for p, ims in zip(chosen, images, strict=True)), strict=True)
         rewards = torch.tensor(np.nan_to_num(np.stack(scores), nan=0.0), dtype=torch.float32)
@@ -93,9 +93,9 @@ def grpo(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = False, sto
         for _ in range(post.inner_epochs):
             opt.zero_grad(set_to_none=True)
             for i in trained_steps:
-                lp, mean = step_logprob(lambda x, t: policy(x, t, text), traj, i, post.eta)
+                lp, mean = step_logprob(conditioned(policy, text), traj, i, post.eta)
                 with torch.no_grad():
-                    _, ref_mean = step_logprob(lambda x, t: reference(x, t, text), traj, i, post.eta)
+                    _, ref_mean = step_logprob(conditioned(reference, text), traj, i, post.eta)
                 pg, clipped = clipped_policy_loss(lp, traj.logprobs[i].to(device), adv, post.clip)
                 kl = gaussian_kl(mean, ref_mean, traj.stds[i]).mean()
                 loss = (pg + post.kl * kl) / len(trained_steps)

@@ -54,6 +54,11 @@ def pick_pair(total: np.ndarray, margin: float) -> tuple[int, int] | None:
     return (w, lo) if total[w] - total[lo] >= margin and w != lo else None
 
 
+def reward_vector(parts: dict[str, np.ndarray], i: int) -> str:
+    """One image's score under each reward, as JSON (null where a reward did not score it)."""
+    return json.dumps({k: (None if np.isnan(v[i]) else round(float(v[i]), 6)) for k, v in parts.items()}, sort_keys=True)
+
+
 def make_pairs(checkpoint: Path, out: Path, cfg: KilnConfig) -> dict:
     """On-policy pairs from `checkpoint` into OUT/pairs.parquet; returns counts and mean rewards."""
     from model.generator import Generator
@@ -78,7 +83,6 @@ def make_pairs(checkpoint: Path, out: Path, cfg: KilnConfig) -> dict:
         if chosen is None:
             continue
         wi, li = chosen
-        vec = lambda i: json.dumps({k: (None if np.isnan(v[i]) else round(float(v[i]), 6)) for k, v in parts.items()}, sort_keys=True)  # noqa: E731
         rows["pair_id"].append(f"{seed}:{p_i}:{wi}:{li}")
         rows["prompt"].append(rp.prompt)
         rows["source"].append("on_policy")
@@ -86,8 +90,8 @@ def make_pairs(checkpoint: Path, out: Path, cfg: KilnConfig) -> dict:
         rows["loser_png"].append(png(ims[li]))
         rows["winner_reward"].append(float(total[wi]))
         rows["loser_reward"].append(float(total[li]))
-        rows["winner_rewards"].append(vec(wi))
-        rows["loser_rewards"].append(vec(li))
+        rows["winner_rewards"].append(reward_vector(parts, wi))
+        rows["loser_rewards"].append(reward_vector(parts, li))
         rows["seed"].append(seed)
         rows["winner_index"].append(p_i * post.pair_k + wi)  # generate()'s noise index: (seed, index) regenerates it
         rows["loser_index"].append(p_i * post.pair_k + li)

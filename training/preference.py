@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 

@@ -26,6 +26,11 @@ from torch import Tensor
 from model.flow import euler_timesteps
 
 
+def conditioned(gen, text):
+    """The velocity field v(x, t) of a Generator under one batch of text (no CFG): what rollouts integrate."""
+    return lambda x, t: gen(x, t, text)
+
+
 def _b(t: Tensor | float, like: Tensor) -> Tensor:
     t = torch.as_tensor(t, dtype=like.dtype, device=like.device)
     return t.reshape(-1, *([1] * (like.dim() - 1))) if t.dim() else t
