@@ -49,8 +49,9 @@ def check_post_config(cfg: KilnConfig) -> None:
         raise ConfigError("post-training cannot run:\n" + "\n".join(f"  {k}: {why}" for k, why in problems))
 
 
-def grpo(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = False, stop_at: int | None = None) -> Path:
-    """RL from `checkpoint` into `out` (model.safetensors + config.json, DCP step checkpoints, history)."""
+def grpo(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = False, stop_at: int | None = None, mix=None) -> Path:
+    """RL from `checkpoint` into `out` (model.safetensors + config.json, DCP step checkpoints, history).
+    `mix`: a training.rewards.RewardMix to use instead of the configured `post.rewards`."""
     from model.generator import Generator
     from training.rewards import make_reward_mix
     from training.sampling import checkpoint_resolution, sampling_shift
@@ -64,7 +65,7 @@ def grpo(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = False, sto
     shift = sampling_shift(policy, height, width, cfg.train)
     ds = policy.autoencoder.downsample
     prompts = rl_prompts(cfg)
-    mix = make_reward_mix(post)
+    mix = mix or make_reward_mix(post)
     params = [p for p in policy.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=post.lr, betas=(0.9, 0.999), weight_decay=0.0)
     ckpt = Checkpointer(out, keep=2, async_save=False, mesh_facts={"kind": "grpo"})
