@@ -159,6 +159,20 @@ def cmd_grpo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_distill(args: argparse.Namespace) -> int:
+    from training.dcp import ResumeMismatch
+    from training.dcp_safe import UnsafeCheckpoint
+    from training.manifest import CheckpointCorrupt, CheckpointUntrusted
+    from training.tdm_train import distill
+
+    try:
+        print(distill(Path(args.checkpoint), Path(args.out), _cfg(args.overrides), resume=args.resume))
+    except (FileExistsError, ResumeMismatch, CheckpointCorrupt, CheckpointUntrusted, UnsafeCheckpoint) as e:  # a refusal: one plain message
+        print(f"kiln: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from dagster_project.run import materialize_all
 
@@ -272,6 +286,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--resume", action="store_true", help="continue from OUT's newest DCP checkpoint")
     g.add_argument("overrides", nargs="*")
     g.set_defaults(fn=cmd_grpo)
+
+    ds = sub.add_parser("distill", help="TDM few-step distillation of a checkpoint into a student sampled without CFG (post.distill.*)")
+    ds.add_argument("checkpoint", help="the teacher checkpoint folder")
+    ds.add_argument("--out", required=True)
+    ds.add_argument("--resume", action="store_true", help="continue from OUT's newest DCP checkpoint")
+    ds.add_argument("overrides", nargs="*")
+    ds.set_defaults(fn=cmd_distill)
 
     r = sub.add_parser("run", help="materialize the whole asset graph through Dagster")
     r.add_argument("--select", nargs="*", default=None, help="asset keys (default: the main job, raw images to the evaluation)")

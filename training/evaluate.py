@@ -31,7 +31,7 @@ from training.data import decode_pixels, holdout_ids, read_heldout, read_train_t
 from training.eval_protocol import evaluate_distribution, record
 from training.objective import flow_loss
 from training.plots import sample_grid
-from training.sampling import checkpoint_resolution, generate, sampling_shift
+from training.sampling import checkpoint_resolution, generate, read_sampler_settings, sampling_shift, with_sampler_settings
 
 
 def row_noise(row_id: str, seed: int, shape: tuple[int, ...]) -> torch.Tensor:
@@ -110,6 +110,7 @@ def evaluate(checkpoint: Path, data_dir: Path, out: Path, cfg: KilnConfig) -> di
     from training.trainer import init_generator, setup_runtime
 
     checkpoint, out = Path(checkpoint), Path(out)
+    cfg = with_sampler_settings(cfg, read_sampler_settings(checkpoint))  # a distilled student: its own steps, no CFG
     runtime = setup_runtime(cfg.train)
     state = read_train_state(checkpoint)
     trained_model = ModelConfig.model_validate(state.config["model"])  # what the checkpoint was trained from: same model,

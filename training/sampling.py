@@ -3,12 +3,17 @@
     out/grid.png         one row per prompt (prompt written at the left), n_per_prompt columns,
                          upscaled nearest-neighbour so 32 px samples are visible
     out/samples.parquet  prompt, seed, index, png: (seed, index) fixes the initial noise of that image
+
+A checkpoint with its own sampler settings (a distilled student: CHECKPOINT/sampler.json, `SamplerSettings`)
+is sampled with them instead of train.sample's steps and CFG scale.
 """
 
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +62,51 @@ def sampling_shift(gen, height: int, width: int, train: TrainConfig) -> float:
     return timestep_shift(num_image_tokens(height, width, p), train.timestep_shift, train.timestep_max_shift)
 
 
+SAMPLER_FILE = "sampler.json"
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """How a checkpoint is meant to be sampled when that differs from the config (a distilled student):
+    Euler steps, CFG scale (1 = no CFG) and the timestep shift it was trained for (None = from the config)."""
+
+    steps: int
+    cfg_scale: float = 1.0
+    shift: float | None = None
+
+
+def write_sampler_settings(checkpoint: Path, settings: SamplerSettings, **facts) -> Path:
+    """CHECKPOINT/sampler.json: the settings, plus `facts` (provenance) that readers ignore."""
+    path = Path(checkpoint) / SAMPLER_FILE
+    path.write_text(json.dumps(asdict(settings) | facts, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def read_sampler_settings(checkpoint: Path) -> SamplerSettings | None:
+    """The checkpoint's own sampler settings, or None when it has none (sample it as the config says)."""
+    path = Path(checkpoint) / SAMPLER_FILE
+    if not path.exists():
+        return None
+    raw = json.loads(path.read_text())
+    try:
+        settings = SamplerSettings(int(raw["steps"]), float(raw.get("cfg_scale", 1.0)), None if raw.get("shift") is None else float(raw["shift"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{path}: not sampler settings ({e!r}); expected steps, cfg_scale, shift") from None
+    if settings.steps < 1 or settings.cfg_scale < 0 or (settings.shift is not None and settings.shift <= 0):
+        raise ValueError(f"{path}: steps must be >= 1, cfg_scale >= 0 and shift > 0, got {settings}")
+    return settings
+
+
+def with_sampler_settings(cfg: KilnConfig, own: SamplerSettings | None) -> KilnConfig:
+    """`cfg` with a checkpoint's own steps and CFG scale in train.sample and train.eval, where the evaluation
+    reads them (its shift still comes from train: the same as the student's under the config it was made with)."""
+    if own is None:
+        return cfg
+    t = cfg.train
+    train = t.model_copy(update={"sample": t.sample.model_copy(update={"steps": own.steps, "cfg_scale": own.cfg_scale}), "eval": t.eval.model_copy(update={"steps": own.steps})})
+    return cfg.model_copy(update={"train": train})
+
+
 def generate(gen, prompts: Sequence[str], n_per_prompt: int, height: int, width: int, steps: int, cfg_scale: float, seed: int, shift: float) -> np.ndarray:
     """uint8 [P, N, H, W, 3]: image j of prompt i uses noise row i * N + j of `seed`."""
     from model.sampler import sample
@@ -94,8 +144,11 @@ def sample_to_dir(checkpoint: Path, out: Path, cfg: KilnConfig, prompts_file: st
     gen = Generator.from_pretrained(Path(checkpoint), device=runtime.device)
     prompts = read_prompts(prompts_file)
     height, width = checkpoint_resolution(Path(checkpoint), cfg)
+    own = read_sampler_settings(Path(checkpoint))
+    steps, cfg_scale = (own.steps, own.cfg_scale) if own else (sc.steps, sc.cfg_scale)
+    shift = own.shift if own and own.shift is not None else sampling_shift(gen, height, width, cfg.train)
     with torch.no_grad():
-        images = generate(gen, prompts, sc.n_per_prompt, height, width, sc.steps, sc.cfg_scale, sc.seed, sampling_shift(gen, height, width, cfg.train))
+        images = generate(gen, prompts, sc.n_per_prompt, height, width, steps, cfg_scale, sc.seed, shift)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_table(samples_table(images, prompts, sc.seed), out / "samples.parquet")
