@@ -51,31 +51,34 @@ def chain(tmp_path_factory):
     try:
         run_chain(root)
         first = trained_ids(root)
+        # before the review: which rows the classifier and semantic dedup reject (after it, a rejected cluster
+        # may hold every semantic duplicate, since semantic dedup runs inside the leaf clusters that remain)
+        curation_rejects = rejected(root, "classified", "low_quality"), rejected(root, "semdeduped", "semantic_duplicate")
         clusters = [r for r in review_rows(root / "data" / "review.duckdb") if r["level"] == 0]
         target = max(clusters, key=lambda r: r["size"])
         set_decision(root / "data" / "review.duckdb", 0, target["cluster"], "reject", "not for training")
         run_chain(root)
     finally:
         os.chdir(old)
-    return root, first, target
+    return root, first, target, curation_rejects
 
 
 def test_a_cluster_rejected_in_review_leaves_every_train_set_with_its_reason(chain):
-    root, first, target = chain
+    root, first, target, _ = chain
     gone = rejected(root, "clustered", "cluster_rejected")
     assert len(gone) == target["size"] and gone & first  # they trained before the review
     assert not gone & trained_ids(root)
 
 
 def test_classifier_and_semantic_dedup_rejects_never_reach_training(chain):
-    root, _, _ = chain
-    low_quality, semantic = rejected(root, "classified", "low_quality"), rejected(root, "semdeduped", "semantic_duplicate")
+    root, first, _, (low_quality, semantic) = chain
     assert low_quality and semantic
-    assert not (low_quality | semantic) & trained_ids(root)
+    assert not (low_quality | semantic) & first  # the run before the review
+    assert not (low_quality | semantic) & trained_ids(root)  # and the one after it
 
 
 def test_every_listed_object_is_trained_on_or_rejected_with_a_reason(chain):
-    root, _, _ = chain
+    root, *_ = chain
     listed = set(pq.read_table(root / "data" / "source" / "listing.parquet", columns=["id"]).column("id").to_pylist())
     rejects = set()
     for step in [*MAIN_CHAIN, PACKS[0]]:  # the first rung trains on the whole pool (its mix: pretrain)
