@@ -578,6 +578,43 @@ class TDMConfig(Strict):
     seed: int = Field(0, ge=0, le=2**63 - 1)
 
 
+MergeWeight = Annotated[float, Field(ge=0, le=1000)]
+
+
+class MergeCandidate(Strict):
+    """One merge the search tries (training/merge.py merge_search): what it changes in `post.merge`."""
+
+    weights: list[MergeWeight] = Field(default_factory=list, description="one per source; empty = post.merge.weights")
+    scale: float | None = Field(None, gt=0, le=10, description="None = post.merge.scale")
+    density: float | None = Field(None, gt=0, le=1, description="None = post.merge.density")
+
+
+class MergeConfig(Strict):
+    """Merging N checkpoints of one model into one (training/merge.py, docs/post-training.md#merging)."""
+
+    method: Literal["linear", "task_arithmetic", "ties", "dare", "dare_ties"] = "linear"
+    weights: list[MergeWeight] = Field(default_factory=list, description="one per source, in source order; empty = equal (1/N each)")
+    density: float = Field(0.5, gt=0, le=1, description="ties / dare / dare_ties: the fraction of each task vector kept")
+    scale: float = Field(1.0, gt=0, le=10, description="task_arithmetic / ties / dare / dare_ties: the merged task vector's multiplier (lambda)")
+    seed: Seed = Field(0, description="dare / dare_ties: the drop masks' seed")
+    search: list[MergeCandidate] = Field(default_factory=list, max_length=64, description="merges the search tries, in order (empty and grid 0: only this merge)")
+    grid: int = Field(0, ge=0, le=10, description="the search also tries every weight vector with entries k / grid summing to 1 (0 = none)")
+
+    @model_validator(mode="after")
+    def _lengths(self) -> MergeConfig:
+        if self.weights and sum(self.weights) <= 0:
+            raise PairError(f"weights {self.weights} sum to 0: nothing would be merged", "weights")
+        sized = [("weights", len(self.weights))] if self.weights else []
+        sized += [(f"search[{i}].weights", len(c.weights)) for i, c in enumerate(self.search) if c.weights]
+        for key, n in sized[1:]:
+            if n != sized[0][1]:
+                raise PairError(f"{key} has {n} entries and {sized[0][0]} has {sized[0][1]}: every weight list has one weight per source", "weights", "search")
+        for i, c in enumerate(self.search):
+            if c.weights and sum(c.weights) <= 0:
+                raise PairError(f"search[{i}].weights {c.weights} sum to 0: nothing would be merged", "search")
+        return self
+
+
 class PostConfig(Strict):
     """Post-training after SFT (docs/post-training.md): rewards, the rubric judge, and the RL stage."""
 
@@ -613,6 +650,7 @@ class PostConfig(Strict):
     winner_anchor: float = Field(0.0, ge=0, le=1e6, description="weight of the penalty on a winner likelihood below the reference's (0 = plain DPO)")
     guard_patience: int = Field(20, ge=2, le=1_000_000, description="steps both likelihoods must fall below the reference before the guard fires")
     guard_action: Literal["warn", "stop"] = "warn"
+    merge: MergeConfig = MergeConfig()
     distill: TDMConfig = TDMConfig()
 
 
