@@ -6,6 +6,7 @@
   shares of a fixed size; quotas by largest remainder, rows drawn in a seeded hash order, and a row
   counts for the first part it matches only. A part that has too few rows is recorded as short.
 - SFT: a small set, the best `sft_size` candidates by `sft_order`.
+- domain SFT (`domains`): per domain, the best `size` rows matching its predicate: mix `domain_<name>`.
 
 The warehouse view is the rewrite stage's rows plus `source`, `h` (md5 of seed:id: the draw order)
 and `sampling_weight` (from the concept coverage weights when given, else 1). The SQL of each mix is
@@ -20,7 +21,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from kiln.config import MixConfig
+from kiln.config import DomainMix, MixConfig
 from kiln.schemas import MIX, check_schema
 from kiln.sql import reproducible_connection
 from kiln.stage import read_dataset, write_table
@@ -77,6 +78,11 @@ def sft_sql(cfg: MixConfig) -> str:
         FROM warehouse WHERE {cfg.sft_where} ORDER BY "order" LIMIT {cfg.sft_size}"""
 
 
+def domain_sql(d: DomainMix) -> str:
+    return f"""SELECT id, 'domain_{d.name}' AS mix, '{d.name}' AS part, sampling_weight, CAST(row_number() OVER (ORDER BY {d.order}, h, id) - 1 AS BIGINT) AS "order"
+        FROM warehouse WHERE {d.where} ORDER BY "order" LIMIT {d.size}"""
+
+
 def realized(mix: pa.Table) -> dict[str, dict]:
     n = mix.num_rows
     counts: dict[str, int] = {}
@@ -102,6 +108,10 @@ def build_mixes(pool: pa.Table, cfg: MixConfig, weights: pa.Table | None = None)
     s_sql = sft_sql(cfg)
     sft = _run(con, s_sql)
     out["sft"] = (sft, {"sql": s_sql, "rows": sft.num_rows, "size": cfg.sft_size, "built": "curated", "proportions": realized(sft)})
+    for d in cfg.domains:  # a domain SFT rung's set (ladder.domains)
+        d_sql = domain_sql(d)
+        dom = _run(con, d_sql)
+        out[f"domain_{d.name}"] = (dom, {"sql": d_sql, "rows": dom.num_rows, "size": d.size, "built": "domain", "short": dom.num_rows < d.size, "proportions": realized(dom)})
     return out
 
 

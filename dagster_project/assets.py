@@ -184,10 +184,12 @@ def mixes(kiln: KilnResource) -> dg.MaterializeResult:
     return dg.MaterializeResult(metadata={"mixes": dg.MetadataValue.json(meta), "path": dg.MetadataValue.path(str(out))})
 
 
-_main_steps = {s.key for s in data_steps() if s in MAIN_CHAIN or s.rung}
+_main_steps = {s.key for s in data_steps() if s in MAIN_CHAIN or (s.rung and not s.rung.domain)}
 MAIN_DATA_ASSETS = [raw_images, *(a for a in stage_assets if a.key.to_user_string() in _main_steps), coverage, mixes]
+_domain_steps = {s.key for s in data_steps() if s.rung and s.rung.domain}
+DOMAIN_DATA_ASSETS = [a for a in stage_assets if a.key.to_user_string() in _domain_steps]  # domain SFT train sets (post_training)
 EVAL_ASSETS = [samples, evaluation]
-BRANCH_ASSETS = [a for a in stage_assets if a.key.to_user_string() not in _main_steps]
+BRANCH_ASSETS = [a for a in stage_assets if a.key.to_user_string() not in _main_steps | _domain_steps]
 
 
 @dg.asset(deps=["manifest"], group_name="warehouse", kinds={"postgres", "duckdb"}, description="The filter stage over the warehouse queue: Postgres when KILN_PG_DSN is set (workers as a Slurm array on a Slurm profile), else the embedded DuckDB path.")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dagster as dg
 
-from dagster_project.assets import BRANCH_ASSETS, EVAL_ASSETS, MAIN_DATA_ASSETS
+from dagster_project.assets import BRANCH_ASSETS, DOMAIN_DATA_ASSETS, EVAL_ASSETS, MAIN_DATA_ASSETS
 from dagster_project.checks import all_checks
+from dagster_project.domains import domain_assets
 from dagster_project.ladder import ladder_assets
 from dagster_project.post_training import post_assets
 from dagster_project.progress import kiln_progress_line
@@ -13,7 +14,7 @@ from dagster_project.resources import KilnResource
 from dagster_project.sensors import slurm_jobs, source_changes
 
 MAIN_ASSETS = [*MAIN_DATA_ASSETS, *ladder_assets, *EVAL_ASSETS]
-all_assets = [*MAIN_ASSETS, *BRANCH_ASSETS, *post_assets]
+all_assets = [*MAIN_ASSETS, *BRANCH_ASSETS, *DOMAIN_DATA_ASSETS, *domain_assets, *post_assets]
 
 main = dg.define_asset_job(
     "main",
@@ -45,7 +46,7 @@ post_training = dg.define_asset_job(
     "post_training",
     hooks={kiln_progress_line},
     selection=dg.AssetSelection.groups("post_training"),
-    description="after `checkpoint`: preference pairs -> reward model, Diffusion-DPO, then Flow-GRPO (docs/post-training.md)",
+    description="after `checkpoint`: domain SFTs -> their merge, preference pairs -> reward model, Diffusion-DPO, then Flow-GRPO (docs/post-training.md)",
 )
 
 defs = dg.Definitions(assets=all_assets, asset_checks=all_checks, jobs=[main, caption_branch, curation_models, training, post_training], sensors=[slurm_jobs, source_changes], resources={"kiln": KilnResource()})

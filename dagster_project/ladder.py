@@ -20,17 +20,17 @@ from kiln.lineage import code_files, code_version, default_config
 RUNGS = rungs(default_config())
 
 
-def _checkpoint_asset(rung: Rung) -> dg.AssetsDefinition:
-    deps = [rung.train_set] + ([rung.previous_checkpoint] if rung.previous else [])
+def checkpoint_asset(rung: Rung) -> dg.AssetsDefinition:
+    deps = [rung.train_set] + ([rung.start] if rung.start else [])
 
     @dg.asset(
         name=rung.checkpoint,
         deps=deps,
-        group_name="training",
+        group_name="post_training" if rung.domain else "training",
         kinds={"pytorch", "safetensors"},
         code_version=code_version(code_files("training.trainer"), {"overrides": checkpoint_overrides(rung, [], "{data}")}),
         description=f"The {rung.name} rung: the trainer on {rung.train_set} (conf/train/{rung.train}.yaml{' + overrides' if rung.overrides else ''})"
-        + (f", from {rung.previous_checkpoint}'s weights." if rung.previous else "."),
+        + (f", from {rung.start}'s weights." if rung.start else "."),
     )
     def _asset(context, kiln: KilnResource) -> dg.MaterializeResult:
         cfg = load_config(checkpoint_overrides(rung, kiln.overrides, kiln.data_dir))
@@ -57,4 +57,4 @@ def final_checkpoint(kiln: KilnResource) -> dg.MaterializeResult:
     return dg.MaterializeResult(metadata={**md, **checkpoint_metadata(out)})
 
 
-ladder_assets = [*(_checkpoint_asset(r) for r in RUNGS), final_checkpoint]
+ladder_assets = [*(checkpoint_asset(r) for r in RUNGS), final_checkpoint]

@@ -13,10 +13,12 @@ from pathlib import Path
 import dagster as dg
 
 from dagster_project.resources import KilnResource
-from kiln.lineage import code_files, code_version
+from kiln.ladder import post_base
+from kiln.lineage import code_files, code_version, default_config
 from kiln.viz import markdown_image
 
 GROUP = "post_training"
+BASE = post_base(default_config())  # `checkpoint`, or the merge of the domain SFTs (dagster_project/domains.py)
 
 
 def compare(before: Path, after: Path, cfg) -> dict:
@@ -44,12 +46,12 @@ def _history_means(path: Path, keys: list[str], last: int = 10) -> dict:
     return {f"last{last}.{k}": round(sum(r[k] for r in tail) / len(tail), 6) for k in keys if tail and all(k in r for r in tail)}
 
 
-@dg.asset(deps=["checkpoint"], group_name=GROUP, kinds={"pytorch", "parquet"}, code_version=code_version(code_files("training.pairs")),
-          description="On-policy preference pairs: K samples per prompt from `checkpoint`, scored by the reward mix (post.rewards); best vs worst above post.pair_margin.")  # fmt: skip
+@dg.asset(deps=[BASE], group_name=GROUP, kinds={"pytorch", "parquet"}, code_version=code_version(code_files("training.pairs")),
+          description=f"On-policy preference pairs: K samples per prompt from `{BASE}`, scored by the reward mix (post.rewards); best vs worst above post.pair_margin.")  # fmt: skip
 def preference_pairs(kiln: KilnResource) -> dg.MaterializeResult:
     from training.pairs import make_pairs
 
-    report = make_pairs(kiln.path("checkpoint"), kiln.path("preference_pairs"), kiln.config())
+    report = make_pairs(kiln.path(BASE), kiln.path("preference_pairs"), kiln.config())
     return dg.MaterializeResult(metadata={**{k: v for k, v in report.items() if v is not None}, "path": dg.MetadataValue.path(str(kiln.path("preference_pairs")))})
 
 
@@ -63,15 +65,15 @@ def reward_model(kiln: KilnResource) -> dg.MaterializeResult:
     return dg.MaterializeResult(metadata={**md, **{k: v for k, v in report.items() if k != "held_out_accuracy" and v is not None}})
 
 
-@dg.asset(deps=["checkpoint", "preference_pairs"], group_name=GROUP, kinds={"pytorch", "safetensors"}, code_version=code_version(code_files("training.dpo_train")),
-          description="Diffusion-DPO from `checkpoint` on the pairs, with the divergence guard; prompt following before/after first.")  # fmt: skip
+@dg.asset(deps=[BASE, "preference_pairs"], group_name=GROUP, kinds={"pytorch", "safetensors"}, code_version=code_version(code_files("training.dpo_train")),
+          description=f"Diffusion-DPO from `{BASE}` on the pairs, with the divergence guard; prompt following before/after first.")  # fmt: skip
 def checkpoint_dpo(kiln: KilnResource) -> dg.MaterializeResult:
     from training.dpo_train import dpo
 
     cfg = kiln.config()
-    out = dpo(kiln.path("checkpoint"), kiln.path("preference_pairs"), kiln.path("checkpoint_dpo"), cfg)
+    out = dpo(kiln.path(BASE), kiln.path("preference_pairs"), kiln.path("checkpoint_dpo"), cfg)
     info = json.loads((out / "dpo.json").read_text())
-    md = compare(kiln.path("checkpoint"), out, cfg)
+    md = compare(kiln.path(BASE), out, cfg)
     md |= _history_means(out / "dpo_history.jsonl", ["loss", "winner_loglik", "loser_loglik", "accuracy"])
     md["guard_fired_at"] = dg.MetadataValue.json(info["guard_fired_at"])
     return dg.MaterializeResult(metadata={**md, "path": dg.MetadataValue.path(str(out))})

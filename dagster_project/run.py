@@ -43,10 +43,10 @@ def job_for(select: list[str] | None, everything: bool) -> dg.JobDefinition:
 
 def check_graph_profile(cfg) -> None:
     """The definitions' ladder is the one this run's config asks for (they are built once per process)."""
-    from kiln.ladder import rungs
+    from kiln.ladder import all_rungs
     from kiln.lineage import default_config
 
-    built, asked = [r.name for r in rungs(default_config())], [r.name for r in rungs(cfg)]
+    built, asked = [r.name for r in all_rungs(default_config())], [r.name for r in all_rungs(cfg)]
     if built != asked:
         raise ConfigError(f"the Dagster graph was built for the ladder {built}, this run asks for {asked}: set KILN_OVERRIDES to the run's overrides before the definitions load")
 

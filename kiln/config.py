@@ -183,6 +183,15 @@ class MixPart(Strict):
     share: float = Field(gt=0, le=1)
 
 
+class DomainMix(Strict):
+    """A domain's SFT set: the first `size` rows matching `where`, best first by `order`."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="the mix is domain_<name>")
+    where: str = Field(description="DuckDB predicate over the pool's columns")
+    size: int = Field(ge=1, le=MAX_ROWS)
+    order: str = Field("h", description="DuckDB ORDER BY of candidates (best first); h = a seeded pseudo-random order")
+
+
 class MixConfig(Strict):
     group_by: str = Field("source", description="DuckDB expression the bottom-up pretraining mix reports shares of")
     pretrain_exclude: str = Field("false", description="DuckDB predicate of rows the pretraining mix leaves out")
@@ -193,6 +202,7 @@ class MixConfig(Strict):
     sft_size: int = Field(20, ge=1, le=MAX_ROWS)
     sft_where: str = Field("true", description="DuckDB predicate of SFT candidates")
     sft_order: str = Field("laplacian_var DESC", description="DuckDB ORDER BY of SFT candidates (best first)")
+    domains: list[DomainMix] = Field(default_factory=list, description="one mix `domain_<name>` per domain SFT rung (ladder.domains)")
     seed: Seed = 0
 
     @model_validator(mode="after")
@@ -200,6 +210,9 @@ class MixConfig(Strict):
         total = sum(p.share for p in self.midtrain)
         if self.midtrain and abs(total - 1.0) > 1e-6:  # assets.mixes.quotas divides midtrain_size by them
             raise PairError(f"midtrain shares sum to {total}, not 1: {[(p.name, p.share) for p in self.midtrain]}", "midtrain")
+        names = [d.name for d in self.domains]
+        if len(set(names)) != len(names):
+            raise PairError(f"domain mix names repeat: {names}", "domains")
         return self
 
 
@@ -664,17 +677,29 @@ class RungConfig(Strict):
     overrides: list[str] = Field(default_factory=list, description="Hydra overrides of this rung after its train file (e.g. train.steps=500)")
 
 
+class DomainRungConfig(RungConfig):
+    """A domain SFT rung (kiln.ladder.domain_rungs): trained from `checkpoint` on its own mix (its overrides set
+    `train.mix=domain_<name>`, a `data.mixes.domains` entry), and scored on its own prompts for the merge."""
+
+    eval_prompts: str | None = Field(None, description="rubric prompt set (JSONL) this domain is scored on; None = demo grammar prompts of `demo_family`")
+    demo_family: Literal["single_shape", "counted_shapes"] | None = Field(None, description="demo stand-in: the scene family its prompts are drawn from")
+    eval_n: int = Field(16, ge=1, le=100_000, description="prompts drawn for demo_family")
+
+
 class LadderConfig(Strict):
     """The rungs in order; the PMA of the last rung's last `train.pma_k` step checkpoints is `checkpoint`,
     the model that samples and evaluation read."""
 
     rungs: list[RungConfig] = Field(default_factory=lambda: [RungConfig(name="pretrain", train="demo")], min_length=1)
+    domains: list[DomainRungConfig] = Field(default_factory=list, description="domain SFT rungs, each from `checkpoint`, merged into checkpoint_merged")
 
     @model_validator(mode="after")
     def _unique(self) -> LadderConfig:
-        names = [r.name for r in self.rungs]
+        names = [r.name for r in [*self.rungs, *self.domains]]
         if len(set(names)) != len(names):
             raise ValueError(f"rung names repeat: {names}")
+        if len(self.domains) == 1:
+            raise ValueError("ladder.domains: a merge needs at least two domain SFT rungs (or none)")
         return self
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from kiln.ladder import FINAL, checkpoint_overrides, rungs
+from kiln.ladder import FINAL, MERGED, checkpoint_overrides, domain_rungs, post_base, rungs
 from kiln.lineage import code_files, data_steps, stage_code_files, step_config_overrides
 from kiln.paths import REPO_ROOT
 
@@ -80,17 +80,23 @@ def _pool_stages(cfg, user: list[str]) -> dict:
     }
 
 
+def _rung_stages(ladder, user: list[str]) -> dict:
+    """`kiln train` per rung (of the ladder, or the domain SFT rungs), from the checkpoint its rung starts from."""
+    stages = {}
+    for r in ladder:
+        deps = [f"{DATA}/{r.train_set}", *([f"{DATA}/{r.start}"] if r.start else []), f"conf/train/{r.train}.yaml", *code_files("training.trainer")]
+        cmd = _cmd(f"kiln train --data {DATA}/{r.train_set} --out {DATA}/{r.checkpoint}", checkpoint_overrides(r, user, DATA))
+        stages[r.checkpoint] = _stage(cmd, deps, ["seed", "model", "ladder", "data.rewrite.form_probs"], [f"{DATA}/{r.checkpoint}"])
+    return stages
+
+
 def _training_stages(cfg, user: list[str]) -> dict:
     history = cfg.metrics.history
     eval_outs: list = [f"{DATA}/eval"]
     if history:
         eval_outs.append({str(Path(history).parent): {"persist": True, "cache": False}})  # one row per evaluated checkpoint
     ladder = rungs(cfg)
-    stages: dict = {}
-    for r in ladder:
-        deps = [f"{DATA}/{r.train_set}", *([f"{DATA}/{r.previous_checkpoint}"] if r.previous else []), f"conf/train/{r.train}.yaml", *code_files("training.trainer")]
-        cmd = _cmd(f"kiln train --data {DATA}/{r.train_set} --out {DATA}/{r.checkpoint}", checkpoint_overrides(r, user, DATA))
-        stages[r.checkpoint] = _stage(cmd, deps, ["seed", "model", "ladder", "data.rewrite.form_probs"], [f"{DATA}/{r.checkpoint}"])
+    stages: dict = _rung_stages(ladder, user)
     eval_set = ladder[0].train_set  # its held-out rows are the ones no rung trained on
     stages[FINAL] = _stage(
         _cmd(f"kiln pma --run {DATA}/{ladder[-1].checkpoint} --out {DATA}/{FINAL}", user),
@@ -113,16 +119,23 @@ def _training_stages(cfg, user: list[str]) -> dict:
     return stages
 
 
-def _post_stages(user: list[str]) -> dict:
-    """Post-training after `checkpoint` (dagster_project/post_training.py): pairs, reward model, DPO, GRPO."""
-    d = DATA
-    return {
-        "preference_pairs": _stage(_cmd(f"kiln pairs --checkpoint {d}/{FINAL} --out {d}/preference_pairs", user),
-                                   [f"{d}/{FINAL}", *code_files("training.pairs")], ["post", "train.sample"], [f"{d}/preference_pairs"]),
+def _post_stages(cfg, user: list[str]) -> dict:
+    """Post-training after `checkpoint` (dagster_project/domains.py, post_training.py): the domain SFT rungs and
+    their merge, then pairs, reward model, DPO and GRPO from the merge (or from `checkpoint` without domains)."""
+    d, base = DATA, post_base(cfg)
+    domains = domain_rungs(cfg)
+    stages = _rung_stages(domains, user)
+    if domains:
+        stages[MERGED] = _stage(_cmd(f"kiln merge --base {d}/{FINAL} --out {d}/{MERGED} " + " ".join(f"{d}/{r.checkpoint}" for r in domains), user),
+                                [f"{d}/{FINAL}", *(f"{d}/{r.checkpoint}" for r in domains), *code_files("training.merge"), *code_files("training.domains")],
+                                ["post.merge", "ladder", "train.eval", "train.sample"], [f"{d}/{MERGED}"])
+    return stages | {
+        "preference_pairs": _stage(_cmd(f"kiln pairs --checkpoint {d}/{base} --out {d}/preference_pairs", user),
+                                   [f"{d}/{base}", *code_files("training.pairs")], ["post", "train.sample"], [f"{d}/preference_pairs"]),
         "reward_model": _stage(_cmd(f"kiln reward-model --pairs {d}/preference_pairs --out {d}/reward_model", user),
                                [f"{d}/preference_pairs", *code_files("training.reward_model")], ["data.embed"], [f"{d}/reward_model"]),
-        "checkpoint_dpo": _stage(_cmd(f"kiln dpo --checkpoint {d}/{FINAL} --pairs {d}/preference_pairs --out {d}/checkpoint_dpo", user),
-                                 [f"{d}/{FINAL}", f"{d}/preference_pairs", *code_files("training.dpo_train")], ["post"], [f"{d}/checkpoint_dpo"]),
+        "checkpoint_dpo": _stage(_cmd(f"kiln dpo --checkpoint {d}/{base} --pairs {d}/preference_pairs --out {d}/checkpoint_dpo", user),
+                                 [f"{d}/{base}", f"{d}/preference_pairs", *code_files("training.dpo_train")], ["post"], [f"{d}/checkpoint_dpo"]),
         "checkpoint_grpo": _stage(_cmd(f"kiln grpo --checkpoint {d}/checkpoint_dpo --out {d}/checkpoint_grpo", user),
                                   [f"{d}/checkpoint_dpo", *code_files("training.grpo_train")], ["post"], [f"{d}/checkpoint_grpo"]),
     }  # fmt: skip
@@ -135,7 +148,7 @@ def render(overrides: list[str] | None = None) -> tuple[str, str]:
 
     overrides = list(overrides or [])
     cfg = load_config(overrides)
-    stages = {**_source_stages(cfg, overrides), **_data_stages(cfg, overrides), **_pool_stages(cfg, overrides), **_training_stages(cfg, overrides), **_post_stages(overrides)}
+    stages = {**_source_stages(cfg, overrides), **_data_stages(cfg, overrides), **_pool_stages(cfg, overrides), **_training_stages(cfg, overrides), **_post_stages(cfg, overrides)}
     doc = {
         "stages": stages,
         "metrics": [f"{DATA}/{s.key}/summary.json" for s in data_steps(cfg)] + [f"{DATA}/eval/metrics.json"],

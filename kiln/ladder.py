@@ -18,6 +18,7 @@ from kiln.config import KilnConfig, load_config
 
 # the asset the ladder ends in, and the train set evaluation reads its held-out rows from (the first rung's)
 FINAL = "checkpoint"
+MERGED = "checkpoint_merged"  # the merge of the domain SFT rungs (training/merge.py), when `ladder.domains` has any
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,8 @@ class Rung:
     name: str
     train: str  # conf/train/<train>.yaml
     overrides: tuple[str, ...]
-    previous: str | None  # the rung whose checkpoint starts this one
+    start: str | None  # the checkpoint asset whose weights start this rung (None: from scratch)
+    domain: bool = False  # a domain SFT rung (post-training, from `checkpoint`), not a rung of the main ladder
 
     @property
     def train_set(self) -> str:
@@ -35,17 +37,28 @@ class Rung:
     def checkpoint(self) -> str:
         return f"checkpoint_{self.name}"
 
-    @property
-    def previous_checkpoint(self) -> str | None:
-        return f"checkpoint_{self.previous}" if self.previous else None
-
 
 def rungs(cfg: KilnConfig) -> list[Rung]:
-    out, previous = [], None
+    out, start = [], None
     for r in cfg.ladder.rungs:
-        out.append(Rung(r.name, r.train, tuple(r.overrides), previous))
-        previous = r.name
+        out.append(Rung(r.name, r.train, tuple(r.overrides), start))
+        start = f"checkpoint_{r.name}"
     return out
+
+
+def domain_rungs(cfg: KilnConfig) -> list[Rung]:
+    """The domain SFT rungs (`ladder.domains`): each trained from `checkpoint` on its own mix; MERGED merges them."""
+    return [Rung(d.name, d.train, tuple(d.overrides), FINAL, domain=True) for d in cfg.ladder.domains]
+
+
+def all_rungs(cfg: KilnConfig) -> list[Rung]:
+    return [*rungs(cfg), *domain_rungs(cfg)]
+
+
+def post_base(cfg: KilnConfig) -> str:
+    """The checkpoint post-training (preference pairs, DPO) starts from: the merge of the domain SFTs if there
+    are any, else `checkpoint`."""
+    return MERGED if cfg.ladder.domains else FINAL
 
 
 def _user(overrides: list[str]) -> list[str]:
@@ -60,8 +73,8 @@ def rung_base(rung: Rung, user: list[str]) -> list[str]:
 def checkpoint_overrides(rung: Rung, user: list[str], data_root: str) -> list[str]:
     """The trainer's overrides for a rung: its config, started from the previous rung's checkpoint."""
     out = rung_base(rung, user)
-    if rung.previous:
-        out.append(f"train.init_from={data_root}/{rung.previous_checkpoint}")
+    if rung.start:
+        out.append(f"train.init_from={data_root}/{rung.start}")
     return out
 
 

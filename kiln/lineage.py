@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from kiln.ladder import Rung, rungs, train_set_overrides
+from kiln.ladder import Rung, all_rungs, train_set_overrides
 from kiln.paths import REPO_ROOT
 
 
@@ -72,8 +72,12 @@ def graph_overrides() -> list[str]:
 
 
 def ladder_steps(cfg) -> list[Step]:
-    """A train set per ladder rung: the pack stage over rewritten at the rung's resolution and mix."""
-    return [Step(r.train_set, "pack", "rewritten", "training", "train_set", ("data.pack", "ladder"), extra_deps=("coverage", "mixes"), rung=r) for r in rungs(cfg)]
+    """A train set per ladder rung and per domain SFT rung (Dagster group post_training): the pack stage over
+    rewritten at the rung's resolution and mix."""
+    return [
+        Step(r.train_set, "pack", "rewritten", "post_training" if r.domain else "training", "train_set", ("data.pack", "ladder"), extra_deps=("coverage", "mixes"), rung=r)
+        for r in all_rungs(cfg)
+    ]
 
 
 def data_steps(cfg=None) -> list[Step]:

@@ -89,17 +89,17 @@ def combination(spec) -> tuple:
     return (spec.color, spec.shape, spec.count, spec.position, spec.size, spec.background)
 
 
-def demo_rl_prompts(n: int, seed: int, exclude=None) -> list[RubricPrompt]:
-    """`n` distinct demo prompts drawn from the scene grammar (single and counted shapes on plain backgrounds),
-    none with an attribute combination of `exclude` (default: the evaluation's prompts), so the evaluation
-    measures combinations RL never rewarded."""
+def demo_rl_prompts(n: int, seed: int, exclude=None, family: str | None = None) -> list[RubricPrompt]:
+    """`n` distinct demo prompts drawn from the scene grammar (single and counted shapes on plain backgrounds,
+    or only `family`'s), none with an attribute combination of `exclude` (default: the evaluation's prompts),
+    so the evaluation measures combinations RL never rewarded."""
     from assets.demo_scenes import PromptSpec, caption_for, demo_prompts, sample_scene
 
     held_out = {combination(s) for s in (exclude if exclude is not None else demo_prompts())}
     rng = np.random.default_rng(seed)
     out: dict[tuple, RubricPrompt] = {}
     for _ in range(200 * n):
-        scene = sample_scene(rng, "single_shape" if rng.random() < 0.75 else "counted_shapes")
+        scene = sample_scene(rng, family or ("single_shape" if rng.random() < 0.75 else "counted_shapes"))
         sh = scene.shapes[0]
         spec = PromptSpec(caption_for(scene), sh.color, sh.shape, sh.count, sh.position, sh.size, scene.background.color, scene)
         key = combination(spec)
