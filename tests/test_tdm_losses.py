@@ -128,13 +128,13 @@ def test_the_pseudo_huber_student_loss_is_the_papers_recipe():
 
 def test_stage_points_place_each_draw_inside_its_own_stage():
     times = torch.tensor([1.0, 0.75, 0.5, 0.25, 0.0], dtype=torch.float64)  # a 4-step student
-    stage = torch.tensor([0, 2, 3])
-    u_mid, u_t = torch.tensor([0.5, 0.5, 0.5], dtype=torch.float64), torch.tensor([0.0, 0.5, 1.0], dtype=torch.float64)
+    stage = torch.tensor([0, 2, 3, 3])
+    u_mid, u_t = torch.full((4,), 0.5, dtype=torch.float64), torch.tensor([0.0, 0.5, 1.0, 0.0], dtype=torch.float64)
     pts = stage_points(times, stage, u_mid, u_t, t_min=0.02)
-    assert pts.t_i.tolist() == [1.0, 0.5, 0.25]
-    assert pts.s.tolist() == [0.75, 0.25, 0.0]  # the end of the student's step
-    assert pts.t.tolist() == pytest.approx([0.75, 0.375, 0.25])  # t in [max(s, t_min), t_i]
+    assert pts.t_i.tolist() == [1.0, 0.5, 0.25, 0.25]
+    assert pts.s.tolist() == [0.75, 0.25, 0.0, 0.0]  # the end of the student's step
+    assert pts.t.tolist() == pytest.approx([0.75, 0.375, 0.25, 0.02])  # t in [max(s, t_min), t_i]: never below t_min
     mid = stage_points(times, stage, u_mid, u_t, t_min=0.02, random_mid=True)
-    assert mid.s.tolist() == pytest.approx([0.875, 0.375, 0.125])  # s = t_{i+1} + u_mid (t_i - t_{i+1})
+    assert mid.s.tolist() == pytest.approx([0.875, 0.375, 0.125, 0.125])  # s = t_{i+1} + u_mid (t_i - t_{i+1})
     coupled = stage_points(times, stage, u_mid, u_t, t_min=0.02, decoupled=False)
-    assert coupled.t.tolist() == pytest.approx([0.75, 0.625, 1.0])  # t in [max(s, t_min), 1]
+    assert coupled.t.tolist() == pytest.approx([0.75, 0.625, 1.0, 0.02])  # t in [max(s, t_min), 1]
