@@ -12,6 +12,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from dagster_project.assets import EVAL_SET
 from dagster_project.resources import KilnResource
 from kiln.ladder import post_base
 from kiln.lineage import code_files, code_version, default_config
@@ -21,23 +22,32 @@ GROUP = "post_training"
 BASE = post_base(default_config())  # `checkpoint`, or the merge of the domain SFTs (dagster_project/domains.py)
 
 
-def compare(before: Path, after: Path, cfg) -> dict:
-    """Prompt following (the evaluation's prompts and protocol) of two checkpoints, and their sample grids."""
-    from assets.demo_scenes import demo_prompts
-    from model.generator import Generator
-    from training.evaluate import prompt_following
-    from training.plots import sample_grid
-    from training.sampling import checkpoint_resolution
-
-    md: dict = {}
-    for name, ckpt in (("before", before), ("after", after)):
-        gen = Generator.from_pretrained(ckpt)
-        h, w = checkpoint_resolution(ckpt, cfg)
-        acc, images = prompt_following(gen, cfg, h, w)
-        md.update({f"prompt_following_{name}.{k}": v for k, v in acc.items()})
-        md[f"samples_{name}"] = dg.MetadataValue.md(markdown_image(sample_grid(images, [s.prompt for s in demo_prompts()]), f"samples {name}"))
-    md["prompt_following_gain.all"] = round(md["prompt_following_after.all"] - md["prompt_following_before.all"], 4)
+def evaluation_metadata(name: str, row: dict) -> dict:
+    """A checkpoint's evaluation row as metadata: prompt following per attribute, held-out loss, distribution
+    metrics (or why they are missing) and the sampling cost."""
+    md = {f"prompt_following_{name}.{k}": v for k, v in row["prompt_following"].items()}
+    md[f"heldout_loss_{name}"] = row["heldout_loss"]
+    md |= {f"{m}_{name}": v for m, v in row["distribution"].items() if v is not None}
+    md[f"nfe_per_image_{name}"], md[f"seconds_per_image_{name}"] = row["nfe_per_image"], row["seconds_per_image"]
     return md
+
+
+def compare(before: Path, after: Path, cfg, data_dir: Path) -> dict:
+    """Both checkpoints under the evaluation protocol (training.evaluate.evaluation_row, held-out rows of
+    `data_dir`), with their sample grids; the gain in prompt following first."""
+    from training.evaluate import eval_rubric, evaluation_row
+    from training.plots import sample_grid
+
+    rows, md = {}, {}
+    prompts = [p.prompt for p in eval_rubric(cfg)[0]]
+    for name, ckpt in (("before", before), ("after", after)):
+        rows[name], images = evaluation_row(ckpt, data_dir, cfg)
+        md |= evaluation_metadata(name, rows[name])
+        md[f"samples_{name}"] = dg.MetadataValue.md(markdown_image(sample_grid(images, prompts), f"samples {name}"))
+    gain = {"prompt_following_gain.all": round(rows["after"]["prompt_following"]["all"] - rows["before"]["prompt_following"]["all"], 4)}
+    if all(v is None for r in rows.values() for v in r["distribution"].values()):
+        md["distribution_metrics"] = "skipped: no extractor is set (metrics.fid_extractor, metrics.clip_extractor, metrics.dino_extractor)"
+    return gain | md
 
 
 def _history_means(path: Path, keys: list[str], last: int = 10) -> dict:
@@ -51,7 +61,8 @@ def _history_means(path: Path, keys: list[str], last: int = 10) -> dict:
 def preference_pairs(kiln: KilnResource) -> dg.MaterializeResult:
     from training.pairs import make_pairs
 
-    report = make_pairs(kiln.path(BASE), kiln.path("preference_pairs"), kiln.config())
+    cfg = kiln.config()
+    report = make_pairs(kiln.path(post_base(cfg)), kiln.path("preference_pairs"), cfg)
     return dg.MaterializeResult(metadata={**{k: v for k, v in report.items() if v is not None}, "path": dg.MetadataValue.path(str(kiln.path("preference_pairs")))})
 
 
@@ -71,9 +82,10 @@ def checkpoint_dpo(kiln: KilnResource) -> dg.MaterializeResult:
     from training.dpo_train import dpo
 
     cfg = kiln.config()
-    out = dpo(kiln.path(BASE), kiln.path("preference_pairs"), kiln.path("checkpoint_dpo"), cfg)
+    base = post_base(cfg)
+    out = dpo(kiln.path(base), kiln.path("preference_pairs"), kiln.path("checkpoint_dpo"), cfg)
     info = json.loads((out / "dpo.json").read_text())
-    md = compare(kiln.path(BASE), out, cfg)
+    md = compare(kiln.path(base), out, cfg, kiln.path(EVAL_SET))
     md |= _history_means(out / "dpo_history.jsonl", ["loss", "winner_loglik", "loser_loglik", "accuracy"])
     md["guard_fired_at"] = dg.MetadataValue.json(info["guard_fired_at"])
     return dg.MaterializeResult(metadata={**md, "path": dg.MetadataValue.path(str(out))})
@@ -86,7 +98,7 @@ def checkpoint_grpo(kiln: KilnResource) -> dg.MaterializeResult:
 
     cfg = kiln.config()
     out = grpo(kiln.path("checkpoint_dpo"), kiln.path("checkpoint_grpo"), cfg)
-    md = compare(kiln.path("checkpoint_dpo"), out, cfg)
+    md = compare(kiln.path("checkpoint_dpo"), out, cfg, kiln.path(EVAL_SET))
     md |= _history_means(out / "grpo_history.jsonl", ["reward", "kl", "clipped"])
     return dg.MaterializeResult(metadata={**md, "path": dg.MetadataValue.path(str(out))})
 

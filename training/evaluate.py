@@ -103,6 +103,40 @@ def score(gen, rows: pa.Table, cfg: KilnConfig, height: int, width: int) -> tupl
     return {"heldout_loss": loss, "prompt_following": acc}, images
 
 
+def sampling_cost(cfg: KilnConfig) -> int:
+    """Network evaluations per image under the evaluation's sampler: one per step, two with CFG."""
+    return cfg.train.eval.steps * (2 if cfg.train.sample.cfg_scale != 1.0 else 1)
+
+
+def evaluation_row(checkpoint: Path, data_dir: Path, cfg: KilnConfig) -> tuple[dict, np.ndarray]:
+    """One checkpoint of the post-training ladder under the evaluation protocol (its own sampler settings for
+    a distilled student): prompt following per attribute, held-out loss on `data_dir`'s held-out rows,
+    FID / CMMD / DINO-MMD when extractors are set (None otherwise), and the sampling cost: NFEs and
+    seconds per image. Returns (row, the prompt-following images)."""
+    import time
+
+    from model.generator import Generator
+
+    checkpoint = Path(checkpoint)
+    cfg = with_sampler_settings(cfg, read_sampler_settings(checkpoint))
+    gen = Generator.from_pretrained(checkpoint).eval()
+    height, width = checkpoint_resolution(checkpoint, cfg)
+    rows, _ = heldout_rows(Path(data_dir), read_train_state(checkpoint).holdout, checkpoint)
+    t0 = time.perf_counter()
+    acc, images = prompt_following(gen, cfg, height, width)
+    seconds = (time.perf_counter() - t0) / max(images.shape[0] * images.shape[1], 1)
+    distribution, _ = evaluate_distribution({"model": gen}, cfg, Path(data_dir), height, width)
+    row = {
+        "prompt_following": acc,
+        "heldout_loss": heldout_loss(gen, rows, cfg.train.eval.loss_timesteps, cfg.train.eval.seed)["mean"],
+        "distribution": distribution["model"],
+        "nfe_per_image": sampling_cost(cfg),
+        "seconds_per_image": round(seconds, 4),
+        "sampler": {"steps": cfg.train.eval.steps, "cfg_scale": cfg.train.sample.cfg_scale},
+    }
+    return row, images
+
+
 def evaluate(checkpoint: Path, data_dir: Path, out: Path, cfg: KilnConfig) -> dict:
     """Score the checkpoint and its untrained baseline; write out/metrics.json (+ eval_samples.png) and return the metrics."""
     from kiln.config import ModelConfig
