@@ -60,6 +60,25 @@ def cmd_pma(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_merge(args: argparse.Namespace) -> int:
+    import torch.distributed as dist
+
+    from training.distributed import init_distributed
+    from training.merge import merge_checkpoints
+
+    cfg = _cfg(args.overrides).post.merge
+    made = init_distributed("cpu")  # under torchrun: the ranks share the tensors (docs/post-training.md#merging)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    try:
+        out = merge_checkpoints([Path(s) for s in args.source], Path(args.base) if args.base else None, Path(args.out), cfg, args.trust_unsigned)
+    finally:
+        if made:
+            dist.destroy_process_group()
+    if rank == 0:
+        print(out)
+    return 0
+
+
 def cmd_mixes(args: argparse.Namespace) -> int:
     import json
 
@@ -220,6 +239,14 @@ def build_parser() -> argparse.ArgumentParser:
     pm.add_argument("--k", type=int, default=None, help="default: the last ladder rung's train.pma_k (at least 1)")
     pm.add_argument("overrides", nargs="*")
     pm.set_defaults(fn=cmd_pma)
+
+    mg = sub.add_parser("merge", help="merge checkpoints of one model (exports or DCP steps) by post.merge.method, streaming tensor by tensor")
+    mg.add_argument("--source", action="append", required=True, help="a checkpoint folder or DCP step folder; repeat, in the order of post.merge.weights")
+    mg.add_argument("--base", default=None, help="the checkpoint the sources were trained from (every method but linear)")
+    mg.add_argument("--out", required=True)
+    mg.add_argument("--trust-unsigned", action="store_true", help="read DCP steps whose manifests another key signed")
+    mg.add_argument("overrides", nargs="*", help="e.g. post.merge.method=ties post.merge.density=0.3")
+    mg.set_defaults(fn=cmd_merge)
 
     dv = sub.add_parser("dvc", help="write dvc.yaml and params.yaml from the lineage (kiln/lineage.py) and the default config")
     dv.add_argument("action", choices=["write"])

@@ -282,3 +282,30 @@ def test_the_search_keeps_the_first_of_equal_scores(exports, tmp_path):
     report = merge_search([a, b], base, tmp_path / "merge", MergeConfig(method="ties", search=[{"scale": 0.5}, {"scale": 1.0}]), lambda folder: {"x": 1.0, "y": 0.0})
     assert report["kept"] == 0 and [c["mean"] for c in report["candidates"]] == [0.5, 0.5]
     assert json.loads((tmp_path / "merge" / "merge.json").read_text())["scale"] == 0.5
+
+
+def test_kiln_merge_reads_the_method_from_post_merge(exports, tmp_path, capsys):
+    from kiln.cli import main
+
+    base, a, b = exports
+    assert (
+        main(["merge", "--source", str(a), "--source", str(b), "--base", str(base), "--out", str(tmp_path / "cli"), "post.merge.method=ties", "post.merge.weights=[2,1]", "post.merge.density=0.3"])
+        == 0
+    )
+    assert capsys.readouterr().out.strip() == str(tmp_path / "cli")
+    record = json.loads((tmp_path / "cli" / "merge.json").read_text())
+    assert (record["method"], record["weights"], record["density"]) == ("ties", [2.0, 1.0], 0.3)
+    expected = merge_exports([a, b], base, tmp_path / "api", MergeConfig(method="ties", weights=[2, 1], density=0.3))
+    assert (tmp_path / "cli" / "model.safetensors").read_bytes() == (expected / "model.safetensors").read_bytes()
+
+
+def test_each_rank_merges_a_disjoint_share_of_whole_tensors():
+    from training.merge import assign_tensors
+
+    specs = {f"t{i}": (torch.float32, (n,)) for i, n in enumerate([100, 7, 60, 40, 3, 50, 1])}
+    shares = assign_tensors(specs, 3)
+    names = [n for share in shares for n in share]
+    assert sorted(names) == sorted(specs)  # every tensor once
+    loads = [sum(specs[n][1][0] for n in share) for share in shares]
+    assert max(loads) - min(loads) <= 100  # balanced to within the largest tensor
+    assert assign_tensors(specs, 1) == [sorted(specs)]
