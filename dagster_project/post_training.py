@@ -1,5 +1,5 @@
-"""Post-training as assets, after `checkpoint` (SFT + PMA): preference pairs -> reward model, Diffusion-DPO,
-then Flow-GRPO from the DPO checkpoint (the Krea 2 order). Each checkpoint's page leads with prompt
+"""Post-training as assets, after `checkpoint` (SFT + PMA) or the merge of the domain SFTs: preference pairs ->
+reward model, Diffusion-DPO, then Flow-GRPO from the DPO checkpoint, then the few-step TDM student (the Krea 2 order). Each checkpoint's page leads with prompt
 following per attribute before and after, the reward means, and sample grids before and after.
 
 Its own job (`post_training`): minutes per asset on a CPU, so not part of the demo's `main` budget.
@@ -103,4 +103,26 @@ def checkpoint_grpo(kiln: KilnResource) -> dg.MaterializeResult:
     return dg.MaterializeResult(metadata={**md, "path": dg.MetadataValue.path(str(out))})
 
 
-post_assets = [preference_pairs, reward_model, checkpoint_dpo, checkpoint_grpo]
+@dg.asset(deps=["checkpoint_grpo"], group_name=GROUP, kinds={"pytorch", "safetensors"}, code_version=code_version(code_files("training.tdm_train")),
+          description="The few-step student: TDM distillation of `checkpoint_grpo` (post.distill), sampled with its own steps and no CFG; "
+                      "the student against the teacher at its own steps and the teacher sampled naively with the student's steps, first.")  # fmt: skip
+def checkpoint_student(kiln: KilnResource) -> dg.MaterializeResult:
+    from training.evaluate import evaluation_row
+    from training.sampling import read_sampler_settings
+    from training.tdm_train import distill
+
+    cfg = kiln.config()
+    teacher = kiln.path("checkpoint_grpo")
+    out = distill(teacher, kiln.path("checkpoint_student"), cfg)
+    md = compare(teacher, out, cfg, kiln.path(EVAL_SET))
+    steps = read_sampler_settings(out).steps
+    naive = cfg.model_copy(update={"train": cfg.train.model_copy(update={"eval": cfg.train.eval.model_copy(update={"steps": steps})})})
+    row, _ = evaluation_row(teacher, kiln.path(EVAL_SET), naive)
+    md |= evaluation_metadata(f"teacher_{steps}_steps", row)
+    md["student_vs_teacher.all"] = round(md["prompt_following_after.all"] / md["prompt_following_before.all"], 4) if md["prompt_following_before.all"] else None
+    md["speedup_vs_teacher"] = round(md["seconds_per_image_before"] / md["seconds_per_image_after"], 2) if md["seconds_per_image_after"] else None
+    md |= _history_means(out / "tdm_history.jsonl", ["student_loss", "fake_loss", "teacher_gap"])
+    return dg.MaterializeResult(metadata={**{k: v for k, v in md.items() if v is not None}, "path": dg.MetadataValue.path(str(out))})
+
+
+post_assets = [preference_pairs, reward_model, checkpoint_dpo, checkpoint_grpo, checkpoint_student]

@@ -79,6 +79,20 @@ def cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_merge_domains(args: argparse.Namespace) -> int:
+    import json
+
+    from training.domains import merge_domains
+
+    cfg = _cfg(args.overrides)
+    names = [d.name for d in cfg.ladder.domains]
+    if len(names) != len(args.source):
+        raise SystemExit(f"kiln merge-domains: {len(args.source)} --source for the {len(names)} domains of ladder.domains ({', '.join(names) or 'none'})")
+    report = merge_domains(Path(args.base), dict(zip(names, map(Path, args.source), strict=True)), Path(args.out), cfg)
+    print(json.dumps(report["scores"], indent=2, sort_keys=True))
+    return 0
+
+
 def cmd_mixes(args: argparse.Namespace) -> int:
     import json
 
@@ -248,6 +262,13 @@ def build_parser() -> argparse.ArgumentParser:
     mg.add_argument("overrides", nargs="*", help="e.g. post.merge.method=ties post.merge.density=0.3")
     mg.set_defaults(fn=cmd_merge)
 
+    md = sub.add_parser("merge-domains", help="checkpoint_merged: the merge search over the domain SFT checkpoints (ladder.domains), scored per domain")
+    md.add_argument("--base", required=True, help="the checkpoint the domain SFTs started from (`checkpoint`)")
+    md.add_argument("--source", action="append", required=True, help="a domain SFT checkpoint; repeat, in the order of ladder.domains")
+    md.add_argument("--out", required=True)
+    md.add_argument("overrides", nargs="*")
+    md.set_defaults(fn=cmd_merge_domains)
+
     dv = sub.add_parser("dvc", help="write dvc.yaml and params.yaml from the lineage (kiln/lineage.py) and the default config")
     dv.add_argument("action", choices=["write"])
     dv.add_argument("--check", action="store_true", help="write nothing; exit 1 when the committed files differ")
@@ -315,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(fn=cmd_grpo)
 
     ds = sub.add_parser("distill", help="TDM few-step distillation of a checkpoint into a student sampled without CFG (post.distill.*)")
-    ds.add_argument("checkpoint", help="the teacher checkpoint folder")
+    ds.add_argument("--checkpoint", required=True, help="the teacher checkpoint folder")
     ds.add_argument("--out", required=True)
     ds.add_argument("--resume", action="store_true", help="continue from OUT's newest DCP checkpoint")
     ds.add_argument("overrides", nargs="*")

@@ -121,12 +121,13 @@ def _training_stages(cfg, user: list[str]) -> dict:
 
 def _post_stages(cfg, user: list[str]) -> dict:
     """Post-training after `checkpoint` (dagster_project/domains.py, post_training.py): the domain SFT rungs and
-    their merge, then pairs, reward model, DPO and GRPO from the merge (or from `checkpoint` without domains)."""
+    their merge, then pairs, reward model, DPO and GRPO from the merge (or from `checkpoint` without domains),
+    then the TDM student from GRPO."""
     d, base = DATA, post_base(cfg)
     domains = domain_rungs(cfg)
     stages = _rung_stages(domains, user)
     if domains:
-        stages[MERGED] = _stage(_cmd(f"kiln merge --base {d}/{FINAL} --out {d}/{MERGED} " + " ".join(f"{d}/{r.checkpoint}" for r in domains), user),
+        stages[MERGED] = _stage(_cmd(f"kiln merge-domains --base {d}/{FINAL} --out {d}/{MERGED} " + " ".join(f"--source {d}/{r.checkpoint}" for r in domains), user),
                                 [f"{d}/{FINAL}", *(f"{d}/{r.checkpoint}" for r in domains), *code_files("training.merge"), *code_files("training.domains")],
                                 ["post.merge", "ladder", "train.eval", "train.sample"], [f"{d}/{MERGED}"])
     return stages | {
@@ -138,6 +139,8 @@ def _post_stages(cfg, user: list[str]) -> dict:
                                  [f"{d}/{base}", f"{d}/preference_pairs", *code_files("training.dpo_train")], ["post"], [f"{d}/checkpoint_dpo"]),
         "checkpoint_grpo": _stage(_cmd(f"kiln grpo --checkpoint {d}/checkpoint_dpo --out {d}/checkpoint_grpo", user),
                                   [f"{d}/checkpoint_dpo", *code_files("training.grpo_train")], ["post"], [f"{d}/checkpoint_grpo"]),
+        "checkpoint_student": _stage(_cmd(f"kiln distill --checkpoint {d}/checkpoint_grpo --out {d}/checkpoint_student", user),
+                                     [f"{d}/checkpoint_grpo", *code_files("training.tdm_train")], ["post"], [f"{d}/checkpoint_student"]),
     }  # fmt: skip
 
 

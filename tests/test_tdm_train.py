@@ -76,7 +76,7 @@ def test_a_killed_distillation_resumes_to_the_weights_of_an_uninterrupted_one(te
 def test_kiln_distill_runs_from_the_command_line_and_refuses_to_replace_an_earlier_run(teacher, tmp_path, capsys):
     ckpt, _ = teacher
     out = tmp_path / "cli"
-    args = ["distill", str(ckpt), "--out", str(out), "post.distill.iterations=1", "post.distill.batch=2", "post.distill.student_steps=2"]
+    args = ["distill", "--checkpoint", str(ckpt), "--out", str(out), "post.distill.iterations=1", "post.distill.batch=2", "post.distill.student_steps=2"]
     assert kiln_main(args) == 0
     assert read_sampler_settings(out).steps == 2 and read_sampler_settings(out).cfg_scale == 1.0
     before = weights(out)
