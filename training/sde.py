@@ -74,11 +74,13 @@ def sde_timesteps(steps: int, shift: float) -> Tensor:
 
 
 @torch.no_grad()
-def rollout(velocity, noise: Tensor, steps: int, shift: float, eta: float, generator: torch.Generator) -> Trajectory:
+def rollout(velocity, noise: Tensor, steps: int, shift: float, eta: float, generator: torch.Generator, rows: slice | None = None, batch: int | None = None) -> Trajectory:
     """Sample with the SDE from `noise` (t = 1) to t = 0; `velocity(x, t)` is the policy's v (no CFG in RL).
 
     The last step (to t = 0) is taken deterministically, as Flow-GRPO does: its noise would be left in the
-    image. Steps with std 0 get log-probability 0 and are excluded from the policy gradient."""
+    image. Steps with std 0 get log-probability 0 and are excluded from the policy gradient.
+    `noise` may be `rows` of a global batch of `batch` samples (a data-parallel rank's share): each step's
+    noise is then drawn for the whole batch and these rows kept, so the rank draws what one process does."""
     ts = sde_timesteps(steps, shift)
     t_cap = float(ts[1])
     x = noise
@@ -88,7 +90,9 @@ def rollout(velocity, noise: Tensor, steps: int, shift: float, eta: float, gener
         v = velocity(x, torch.full((x.shape[0],), t, device=x.device))
         mean, std = sde_mean_std(x, v, t, t_next, eta if i < steps - 1 else 0.0, t_cap)
         if std > 0:
-            x = mean + std * torch.randn(mean.shape, generator=generator, device=generator.device).to(mean.device, mean.dtype)
+            shape = mean.shape if rows is None else (batch, *mean.shape[1:])
+            draw = torch.randn(shape, generator=generator, device=generator.device)
+            x = mean + std * (draw if rows is None else draw[rows]).to(mean.device, mean.dtype)
             lps.append(gaussian_logprob(x, mean, std))
         else:
             x = mean
