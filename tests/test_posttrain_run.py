@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 
 import numpy as np
@@ -22,9 +23,10 @@ from safetensors.torch import load_file
 from kiln.config import KilnConfig, PostConfig, TrainConfig
 from training.checkpoint import STATE_FILE, TrainState, verify_export
 from training.data import DataPosition
+from training.dcp import step_dir
 from training.pairs import PAIRS, PAIRS_FILE, png
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 SIDE = 16
 POST = {"judge": "demo_pixel", "seed": 3, "save_every": 2, "grad_clip": 0.5,
@@ -120,6 +122,7 @@ def history(folder, kind):
     return [json.loads(line) for line in (folder / f"{kind}_history.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.distributed
 def test_two_ranks_train_dpo_and_grpo_to_the_weights_of_one_process(start, tmp_path, text_encoder_dir):
     from training.dpo_train import dpo
     from training.grpo_train import grpo
@@ -146,3 +149,19 @@ def test_two_ranks_train_dpo_and_grpo_to_the_weights_of_one_process(start, tmp_p
             assert a.get("winner_loglik", 0.0) == pytest.approx(b.get("winner_loglik", 0.0), rel=1e-3, abs=1e-7), name
         assert verify_export(tmp_path / name)  # the export is the single-process folder, with its checksums
         assert json.loads((tmp_path / name / f"{kind}.json").read_text())["parallel"] == {"world_size": 2, "tp": 2 if name.endswith("tp2") else 1}
+
+
+def test_a_run_killed_between_checkpoints_resumes_from_the_last_one_and_logs_each_step_once(start, tmp_path, text_encoder_dir):
+    """Steps logged after the last checkpoint are done again by the resumed run: their lines are replaced, not repeated."""
+    from training.dpo_train import dpo
+
+    ckpt, pairs = start
+    cfg = config(text_encoder_dir).model_copy(update={"post": PostConfig.model_validate({**POST, "dpo_steps": 4})})
+    straight = dpo(ckpt, pairs, tmp_path / "straight", cfg)
+    dpo(ckpt, pairs, tmp_path / "killed", cfg, stop_at=3)  # checkpoints at steps 2 and 3
+    shutil.rmtree(step_dir(tmp_path / "killed", 3))  # killed after logging step 3, before its checkpoint was written
+    resumed = dpo(ckpt, pairs, tmp_path / "killed", cfg, resume=True)
+    assert [h["step"] for h in history(resumed, "dpo")] == [1, 2, 3, 4]
+    assert history(resumed, "dpo") == history(straight, "dpo")
+    a, b = weights(straight), weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
