@@ -73,3 +73,38 @@ def test_a_demo_domain_is_scored_on_prompts_of_its_own_scene_family():
     assert all(not p.prompt.startswith(("two ", "three ")) for p in domain_prompts(single, cfg))
     assert all(p.prompt.startswith(("two ", "three ")) and "count" in {r.attribute for r in p.requirements} for p in domain_prompts(counted, cfg))
     assert len(domain_prompts(counted, cfg)) == counted.eval_n
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_checkpoint_merged_merges_the_domain_sfts_and_scores_each_on_every_domain(tmp_path):
+    import json
+
+    import dagster as dg
+    from safetensors.torch import load_file
+
+    from dagster_project.domains import domain_assets
+    from dagster_project.resources import KilnResource
+    from model.testing import write_tiny_text_encoder
+    from training.checkpoint import verify_export
+    from training.testing import scene_rows, tiny_config, write_pack_output
+    from training.trainer import train
+
+    te, data = write_tiny_text_encoder(tmp_path / "te"), tmp_path / "data"
+    train(write_pack_output(tmp_path / "base_set", scene_rows(24, seed=1)), data / "checkpoint", tiny_config(te, steps=4))
+    for name, seed in (("single", 2), ("counted", 3)):  # two "domains": other rows, from the same base
+        train(write_pack_output(tmp_path / name, scene_rows(16, seed=seed)), data / f"checkpoint_{name}", tiny_config(te, steps=3, init_from=str(data / "checkpoint")))
+    fast = ["train.eval.n_per_prompt=1", "train.eval.steps=2", "ladder.domains.0.eval_n=2", "ladder.domains.1.eval_n=2"]
+    merged_asset = domain_assets[-1]
+    result = dg.materialize([merged_asset], resources={"kiln": KilnResource(overrides=fast, data_dir=str(data))}, instance=dg.DagsterInstance.ephemeral())
+    assert result.success
+    out = data / MERGED
+    verify_export(out)  # the copied records and the scores are under the folder's checksums
+    a, b, merged = (load_file(str(data / d / "model.safetensors")) for d in ("checkpoint_single", "checkpoint_counted", MERGED))
+    for name in merged:  # post.merge's default: the equal-weight linear average
+        assert (merged[name] - (a[name].double() + b[name].double()).div(2).to(merged[name].dtype)).abs().max() <= 1e-6
+    table = json.loads((out / "domain_scores.json").read_text())
+    assert set(table) == {"single", "counted", "base", "merge"} and all(set(r) == {"single", "counted"} for r in table.values())
+    assert (out / "heldout.json").read_text() == (data / "checkpoint" / "heldout.json").read_text()  # the base's held-out rows
+    md = result.asset_materializations_for_node(MERGED)[0].metadata
+    assert "| merge |" in md["scores"].value and {"merge.single", "merge.counted"} <= set(md)
