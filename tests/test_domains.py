@@ -94,14 +94,14 @@ def test_checkpoint_merged_merges_the_domain_sfts_and_scores_each_on_every_domai
     train(write_pack_output(tmp_path / "base_set", scene_rows(24, seed=1)), data / "checkpoint", tiny_config(te, steps=4))
     for name, seed in (("single", 2), ("counted", 3)):  # two "domains": other rows, from the same base
         train(write_pack_output(tmp_path / name, scene_rows(16, seed=seed)), data / f"checkpoint_{name}", tiny_config(te, steps=3, init_from=str(data / "checkpoint")))
-    fast = ["train.eval.n_per_prompt=1", "train.eval.steps=2", "ladder.domains.0.eval_n=2", "ladder.domains.1.eval_n=2"]
+    fast = ["train.eval.n_per_prompt=1", "train.eval.steps=2", "ladder.domains.0.eval_n=2", "ladder.domains.1.eval_n=2", "post.merge.method=linear", "post.merge.search=[]"]
     merged_asset = domain_assets[-1]
     result = dg.materialize([merged_asset], resources={"kiln": KilnResource(overrides=fast, data_dir=str(data))}, instance=dg.DagsterInstance.ephemeral())
     assert result.success
     out = data / MERGED
     verify_export(out)  # the copied records and the scores are under the folder's checksums
     a, b, merged = (load_file(str(data / d / "model.safetensors")) for d in ("checkpoint_single", "checkpoint_counted", MERGED))
-    for name in merged:  # post.merge's default: the equal-weight linear average
+XX
         assert (merged[name] - (a[name].double() + b[name].double()).div(2).to(merged[name].dtype)).abs().max() <= 1e-6
     table = json.loads((out / "domain_scores.json").read_text())
     assert set(table) == {"single", "counted", "base", "merge"} and all(set(r) == {"single", "counted"} for r in table.values())
