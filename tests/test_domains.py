@@ -101,7 +101,7 @@ def test_checkpoint_merged_merges_the_domain_sfts_and_scores_each_on_every_domai
     out = data / MERGED
     verify_export(out)  # the copied records and the scores are under the folder's checksums
     a, b, merged = (load_file(str(data / d / "model.safetensors")) for d in ("checkpoint_single", "checkpoint_counted", MERGED))
-XX
+    for name in merged:  # linear with no weights: the equal-weight average
         assert (merged[name] - (a[name].double() + b[name].double()).div(2).to(merged[name].dtype)).abs().max() <= 1e-6
     table = json.loads((out / "domain_scores.json").read_text())
     assert set(table) == {"single", "counted", "base", "merge"} and all(set(r) == {"single", "counted"} for r in table.values())
