@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,9 @@ from torch import Tensor, nn
 from model.attention import Attention, SwiGLU, attention_bias
 from model.norms import RMSNorm
 from model.rope import image_positions, rope_angles
+
+if TYPE_CHECKING:
+    from model.reference import ReferenceTokens
 
 
 @dataclass(frozen=True)
@@ -195,19 +198,25 @@ class DiT(nn.Module):
             nn.init.zeros_(m.bias)
 
     # ------------------------------------------------------------------------------------- sequence
-    def sequence_length(self, text_len: int, height: int, width: int) -> int:
-        """Tokens per sample after padding: text + timestep tokens + patches, rounded up to pad_to_multiple."""
+    def sequence_length(self, text_len: int, height: int, width: int, reference_tokens: int = 0) -> int:
+        """Tokens per sample after padding: text + timestep tokens + patches (+ reference tokens), rounded up
+        to pad_to_multiple."""
         p, m = self.cfg.patch_size, max(1, self.cfg.pad_to_multiple)
-        n = text_len + self.cfg.timestep_tokens + (height // p) * (width // p)
+        n = text_len + self.cfg.timestep_tokens + (height // p) * (width // p) + reference_tokens
         return -(-n // m) * m
 
-    def _rope(self, text_len: int, hp: int, wp: int, seq_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    def _rope(self, text_len: int, hp: int, wp: int, seq_len: int, device: torch.device, refs: ReferenceTokens | None = None) -> tuple[Tensor, Tensor]:
         prefix = text_len + self.cfg.timestep_tokens
         pos = torch.zeros(seq_len, 3, dtype=torch.long, device=device)  # text, timestep and pad tokens at 0
         pos[prefix : prefix + hp * wp] = image_positions(1, hp, wp).to(device)
+        if refs is not None:  # after the patches, each reference in its own frame
+            ref_pos = refs.positions().to(device)
+            pos[prefix + hp * wp : prefix + hp * wp + len(ref_pos)] = ref_pos
         return rope_angles(pos, self.cfg.width // self.cfg.heads, self.cfg.rope_theta)
 
-    def forward(self, x: Tensor, t: Tensor, text: Tensor, text_mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, t: Tensor, text: Tensor, text_mask: Tensor, refs: ReferenceTokens | None = None) -> Tensor:
+        """`refs`: style-reference tokens (model/reference.py), appended after the patches with the logit
+        bias log(strength) on their keys; None computes exactly what the DiT computes without the pathway."""
         b, _, h, w = x.shape
         p, k, text_len = self.cfg.patch_size, self.cfg.timestep_tokens, text.shape[1]
         hp, wp = h // p, w // p
@@ -219,14 +228,23 @@ class DiT(nn.Module):
             masks.append(text_mask.new_ones(b, k, dtype=torch.bool))
         parts.append(img)
         masks.append(text_mask.new_ones(b, hp * wp, dtype=torch.bool))
+        n_ref = 0
+        if refs is not None:
+            n_ref = refs.tokens.shape[1] * refs.tokens.shape[2]
+            parts.append(refs.tokens.reshape(b, n_ref, -1).to(img.dtype))
+            masks.append(text_mask.new_ones(b, n_ref, dtype=torch.bool))
         seq = torch.cat(parts, dim=1)
-        seq_len = self.sequence_length(text_len, h, w)
+        seq_len = self.sequence_length(text_len, h, w, n_ref)
         pad = seq_len - seq.shape[1]
         if pad:
             seq = F.pad(seq, (0, 0, 0, pad))
             masks.append(text_mask.new_zeros(b, pad, dtype=torch.bool))
         key_mask = attention_bias(torch.cat(masks, dim=1), seq.dtype)
-        rope = self._rope(text_len, hp, wp, seq_len, x.device)
+        if refs is not None:  # strength s multiplies every query's attention weight on the reference by s
+            first = text_len + k + hp * wp
+            key_mask = key_mask.clone()
+            key_mask[:, 0, 0, first : first + n_ref] += refs.key_bias(seq.dtype)
+        rope = self._rope(text_len, hp, wp, seq_len, x.device, refs)
         shared = self.shared_modulation(c).view(b, 6, -1) if self.shared_modulation is not None else None
         for block in self.blocks:
             seq = block(seq, rope, key_mask, shared, c)

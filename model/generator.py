@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from kiln.config import ModelConfig
 from model.autoencoder import KLAutoencoder, PixelAutoencoder, build_autoencoder
 from model.dit import DiT, DiTConfig
+from model.reference import ReferenceBatch, ReferencePathway
 from model.sizes import get_size
 from model.text_encoder import TextBackbone, TextBatch, TextFusion
 
@@ -61,6 +62,9 @@ class Generator(nn.Module):
         w = dit_cfg.width
         self.text_fusion = TextFusion(backbone.hidden_size, w, dit_cfg.heads, dit_cfg.kv_heads, cfg.text_encoder.refiner_layers)
         self.dit = DiT(dit_cfg)
+        # the style-reference pathway (model/reference.py) only when enabled: without it the parameters,
+        # the state dict and every output are what they were before it existed
+        self.reference = ReferencePathway(cfg.reference, w) if cfg.reference.enabled else None
         self._null: TextBatch | None = None
 
     @classmethod
@@ -92,10 +96,32 @@ class Generator(nn.Module):
         return TextBatch(self._null.hidden.expand(batch, -1, -1, -1), self._null.mask.expand(batch, -1))
 
     # ------------------------------------------------------------------------------------------ model
-    def forward(self, x: Tensor, t: Tensor, text: TextBatch) -> Tensor:
-        """Predicted velocity (eps - x0) for x [B, C, H, W] at times t [B] given the text."""
+    def forward(self, x: Tensor, t: Tensor, text: TextBatch, refs: ReferenceBatch | None = None) -> Tensor:
+        """Predicted velocity (eps - x0) for x [B, C, H, W] at times t [B] given the text (and style
+        references with their strengths, from `encode_references`)."""
         tokens, mask = self.text_fusion(text.to(x.device))
-        return self.dit(x, t, tokens, mask)
+        if refs is None:
+            return self.dit(x, t, tokens, mask)
+        if self.reference is None:
+            raise ValueError("this generator has no reference pathway (model.reference.enabled is false)")
+        return self.dit(x, t, tokens, mask, self.reference(refs.to(x.device)))
+
+    def encode_references(self, images, strengths) -> ReferenceBatch:
+        """Per sample a list of uint8 [H, W, 3] reference images and their strengths in [0, 1] -> the
+        reference pathway's inputs (padded with strength-0 references), on this module's device."""
+        if self.reference is None:
+            raise ValueError("this generator has no reference pathway (model.reference.enabled is false)")
+        return self.reference.prepare(images, strengths).to(self.device)
+
+    def with_references(self, reference_cfg) -> Generator:
+        """A copy of this generator with the reference pathway (`reference_cfg`, a ReferenceConfig with
+        enabled=True) added at its initialisation, and every existing weight kept."""
+        cfg = self.cfg.model_copy(update={"reference": reference_cfg.model_copy(update={"enabled": True})})
+        gen = Generator(cfg, self.dit_cfg, self.backbone, self.autoencoder)
+        missing, unexpected = gen.load_state_dict(self.state_dict(), strict=False)
+        if unexpected or any(not k.startswith("reference.") for k in missing):
+            raise ValueError(f"cannot add a reference pathway: missing {missing}, unexpected {unexpected}")
+        return gen.to(self.device)
 
     def tokens_per_sample(self, height: int, width: int) -> int:
         """Sequence length one sample occupies (text + patches + padding) for input [C, height, width]."""
