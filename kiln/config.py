@@ -391,20 +391,6 @@ class ReferenceConfig(Strict):
     max_references: int = Field(4, ge=1, le=64, description="references one sample may carry")
 
 
-class ReferenceConfig(Strict):
-    """The style-reference pathway (model/reference.py, docs/style.md): reference images -> an encoder -> a
-    projector -> tokens in the DiT's sequence, each reference weighted by its strength. Off: the model is
-    exactly what it was without it (same parameters, same outputs)."""
-
-    enabled: bool = False
-    encoder: Literal["conv", "classical", "hf"] = Field("conv", description="conv: a small trainable conv net; classical: the offline descriptor of assets/embed.py; hf: a frozen vision model by path")
-    encoder_path: str | None = Field(None, description="HF vision model folder when encoder=hf")
-    image_size: int = Field(32, ge=8, le=1024, description="references are resized to this square before the encoder")
-    grid: int = Field(2, ge=1, le=16, description="tokens per reference: grid x grid (the conv net's pooled feature map)")
-    conv_channels: int = Field(32, ge=4, le=1024, description="conv encoder: channels of its first layer (the second has twice as many)")
-    max_references: int = Field(4, ge=1, le=64, description="references one sample may carry")
-
-
 class ModelConfig(Strict):
     size: str = Field("tiny", description="a name from model.sizes.SIZES")
     patch_size: int = Field(2, ge=1, le=64)
@@ -416,7 +402,6 @@ class ModelConfig(Strict):
     timestep_tokens: int = Field(0, ge=0, le=1024, description="timestep tokens prepended to the sequence; 0 = off")
     pad_to_multiple: int = Field(64, ge=1, le=MAX_TOKENS, description="pad the token sequence to a multiple of this (fixed shapes)")
     text_encoder: TextEncoderConfig = TextEncoderConfig()
-    reference: ReferenceConfig = ReferenceConfig()
     reference: ReferenceConfig = ReferenceConfig()
 
 
@@ -753,26 +738,6 @@ class StyleConfig(Strict):
     leakage_bound: float = Field(0.3, ge=0, le=1, description="the content-leakage rate the benchmark and asset check stay under")
 
 
-class StyleConfig(Strict):
-    """Style-reference training and its evaluation (training/style_train.py, training/style_eval.py,
-    docs/style.md). The pathway's shape is `model.reference`; a checkpoint without one gets it added."""
-
-    reference: Literal["family", "crop"] = Field("family", description="family: another image of the same style family (demo: same background, other shape); crop: a crop of the image itself")
-    steps: int = Field(300, ge=1, le=MAX_STEPS)
-    batch_size: int = Field(16, ge=1, le=MAX_BATCH)
-    lr: float = Field(3e-4, gt=0, le=1)
-    grad_clip: float = Field(1.0, gt=0, le=1e6)
-    save_every: int = Field(50, ge=1, le=MAX_STEPS, description="DCP checkpoint every this many steps")
-    no_reference_prob: float = Field(0.1, ge=0, le=1, description="share of training samples without a reference (the model keeps working without one)")
-    crop_min: float = Field(0.5, gt=0, le=1, description="crop references: smallest crop side, as a share of the image side")
-    seed: Seed = 0
-    eval_strengths: list[Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0], min_length=1)
-    eval_cases: int = Field(32, ge=1, le=100_000, description="evaluation (prompt, reference) cases per strength")
-    eval_steps: int = Field(10, ge=1, le=10000, description="sampler steps of the evaluation")
-    eval_cfg_scale: float = Field(3.0, ge=0, le=100)
-    leakage_bound: float = Field(0.3, ge=0, le=1, description="the content-leakage rate the benchmark and asset check stay under")
-
-
 class KilnConfig(Strict):
     seed: Seed = 0
     data: DataConfig = DataConfig()
@@ -782,7 +747,6 @@ class KilnConfig(Strict):
     metrics: MetricsConfig = MetricsConfig()
     ladder: LadderConfig = LadderConfig()
     post: PostConfig = PostConfig()
-    style: StyleConfig = StyleConfig()
     style: StyleConfig = StyleConfig()
 
 
