@@ -337,8 +337,38 @@ STAND_INS = {
     "scene_metadata_captioner": "captions looked up in the demo corpus's ground truth",
     "classical_embedder": "a colour / texture / shape descriptor, not a learned image model",
     "rules_labeller": "pseudo-labels from rules over measured columns, not a VLM",
-    "rules_rewriter": "caption forms rewritten by rules, not an LLM",
+    "rules_rewriter": "caption forms (and user prompts, data.user_prompts) rewritten by rules, not an LLM",
 }
+
+
+UserPromptStyle = Literal["terse", "conversational", "instruction"]
+
+
+class UserPromptConfig(Strict):
+    """Synthetic user prompts over the prompt pairs (assets/user_prompts.py): who writes them, in which styles,
+    and the sampling weights that shape the expander's SFT distribution."""
+
+    writer: Literal["llm", "rules"] | None = Field(None, description="an LLM by path, or templates (a stand-in); None: as data.rewrite.rewriter")
+    llm_path: str | None = Field(None, description="causal LM + tokenizer folder (writer=llm); None: data.rewrite.llm_path")
+    styles: dict[UserPromptStyle, Annotated[float, Field(ge=0, le=1)]] = Field(
+        default_factory=lambda: {"terse": 0.4, "conversational": 0.3, "instruction": 0.3}, description="each row's style is drawn with these weights"
+    )
+    thinking: bool = Field(False, description="also write a thinking trace (what the request fixes and what it leaves open)")
+    batch_size: int = Field(8, ge=1, le=MAX_BATCH)
+    max_new_tokens: int = Field(48, ge=1, le=MAX_TOKENS)
+    do_sample: bool = Field(True, description="sample (temperature, top_p) rather than greedy: user prompts should vary")
+    temperature: float = Field(0.8, gt=0, le=10)
+    top_p: float = Field(0.95, gt=0, le=1)
+    richness_weight: float = Field(1.0, ge=0, le=100, description="sampling weight x (1 + this x richness): oversample visually rich captions")
+    richness_cap: int = Field(12, ge=1, le=10000, description="content words of a target at which richness reaches 1")
+    photo_bias: float = Field(0.2, ge=0, le=100, description="sampling weight x (1 + this) for photographic targets")
+    seed: Seed = 0
+
+    @model_validator(mode="after")
+    def _some_style(self) -> UserPromptConfig:
+        if sum(self.styles.values()) <= 0:
+            raise PairError(f"styles {self.styles} sum to 0: no style could be drawn", "styles")
+        return self
 
 
 class DataConfig(Strict):
@@ -357,6 +387,7 @@ class DataConfig(Strict):
     caption: CaptionConfig = CaptionConfig()
     ocr: OCRConfig = OCRConfig()
     rewrite: RewriteConfig = RewriteConfig()
+    user_prompts: UserPromptConfig = UserPromptConfig()
     mixes: MixConfig = MixConfig()
     concepts: ConceptConfig = ConceptConfig()
     pack: PackConfig = PackConfig()
@@ -682,6 +713,51 @@ class PostConfig(Strict):
     distill: TDMConfig = TDMConfig()
 
 
+# ------------------------------------------------------------------------------------------- expander
+class ExpanderConfig(Strict):
+    """The prompt expander (docs/expander.md): a causal LM by path fine-tuned on (user prompt -> long caption),
+    then RL (GDPO) with faithfulness, image and diversity rewards and a safety gate. Its model paths are checked
+    before any expander work (training.expander.expander_problems)."""
+
+    base: Literal["path", "tiny"] = Field("path", description="path: an HF causal LM folder (`path`); tiny: a small LM built from `tiny_*` over a word-level vocabulary (the demo's stand-in, from scratch)")
+    path: str | None = Field(None, description="HF causal LM + tokenizer folder (base=path)")
+    tiny_layers: int = Field(2, ge=1, le=64)
+    tiny_hidden: int = Field(64, ge=8, le=8192)
+    tiny_heads: int = Field(4, ge=1, le=128)
+    template: str = Field("Short: {prompt}\nLong:", description="what the LM reads; the target follows it (the loss is on the target only)")
+    max_length: int = Field(96, ge=8, le=MAX_TOKENS, description="tokens of template + target; longer pairs are cut at the end")
+    max_new_tokens: int = Field(48, ge=1, le=MAX_TOKENS)
+    sft_steps: int = Field(300, ge=1, le=MAX_STEPS)
+    sft_batch: int = Field(16, ge=1, le=MAX_BATCH)
+    sft_lr: float = Field(3e-3, gt=0, le=1)
+    save_every: int = Field(50, ge=1, le=MAX_STEPS, description="DCP checkpoint every N steps (SFT and RL)")
+    rl_iterations: int = Field(30, ge=1, le=MAX_STEPS)
+    rl_prompts: int = Field(4, ge=1, le=MAX_BATCH, description="prompts per RL iteration")
+    group_size: int = Field(4, ge=2, le=1024, description="expansions per prompt: the group each reward is normalised in")
+    temperature: float = Field(1.0, gt=0, le=10, description="sampling temperature of the rollouts")
+    rl_lr: float = Field(1e-4, gt=0, le=1)
+    clip: float = Field(0.2, gt=0, le=1, description="PPO ratio clip")
+    kl: float = Field(0.05, ge=0, le=100, description="weight of the KL to the frozen SFT model")
+    reward_weights: dict[Literal["faithfulness", "image", "diversity"], Annotated[float, Field(ge=0, le=100)]] = Field(
+        default_factory=lambda: {"faithfulness": 1.0, "image": 1.0, "diversity": 0.5},
+        description="GDPO: each reward is normalised within its group, then they are summed with these weights",
+    )
+    extractor: Literal["demo_grammar", "llm"] = Field("llm", description="who lists a prompt's attributes for faithfulness: the demo grammar (a stand-in) or an LLM by path")
+    extractor_path: str | None = Field(None, description="causal LM folder (extractor=llm)")
+    blocklist: list[str] = Field(default_factory=list, description="an expansion containing any of these words (case-insensitive) gets reward 0")
+    image_steps: int = Field(10, ge=1, le=10000, description="DiT sampler steps of the image and diversity rewards")
+    image_cfg: float = Field(3.0, ge=0, le=100, description="CFG scale of the image and diversity rewards' samples")
+    seed: Seed = 0
+
+    @model_validator(mode="after")
+    def _usable(self) -> ExpanderConfig:
+        if "{prompt}" not in self.template:
+            raise PairError(f"template {self.template!r} has no {{prompt}}", "template")
+        if sum(self.reward_weights.values()) <= 0:
+            raise PairError("reward_weights sum to 0: RL would have no signal", "reward_weights")
+        return self
+
+
 # --------------------------------------------------------------------------------------------- ladder
 class RungConfig(Strict):
     """One rung of the training ladder (kiln.ladder): a train set packed at its resolution from its mix,
@@ -748,6 +824,7 @@ class KilnConfig(Strict):
     ladder: LadderConfig = LadderConfig()
     post: PostConfig = PostConfig()
     style: StyleConfig = StyleConfig()
+    expander: ExpanderConfig = ExpanderConfig()
 
 
 # -------------------------------------------------------------------------------------------- compose
@@ -755,7 +832,7 @@ class ConfigError(ValueError):
     """A config that does not validate; the message names each bad key and where it came from."""
 
 
-GROUPS = ("data", "model", "train", "cluster", "metrics", "ladder", "post")
+GROUPS = ("data", "model", "train", "cluster", "metrics", "ladder", "post", "expander")
 
 
 def conf_dir() -> Path:
@@ -861,6 +938,10 @@ def model_problems(data: DataConfig) -> list[tuple[str, str]]:
         out.append(_stand_in("data.rewrite.rewriter", "rules", "rules_rewriter", "rewriter=llm with data.rewrite.llm_path", used))
     elif why := _missing_path(data.rewrite.llm_path):
         out.append(("data.rewrite.llm_path", f"the LLM rewriter's model folder {why}"))
+    if (data.user_prompts.writer or data.rewrite.rewriter) == "rules":
+        out.append(_stand_in("data.user_prompts.writer", "rules", "rules_rewriter", "writer=llm with data.user_prompts.llm_path", used))
+    elif why := _missing_path(data.user_prompts.llm_path or data.rewrite.llm_path):
+        out.append(("data.user_prompts.llm_path", f"the user-prompt writer's LLM folder {why} (nor is data.rewrite.llm_path)"))
     for i, head in enumerate(data.classify.heads):
         if head.labeller == "rules":
             out.append(_stand_in(f"data.classify.heads.{i}.labeller", f"rules (head {head.name})", "rules_labeller", "labeller=vlm with a vlm.vlm_path", used))

@@ -63,6 +63,7 @@ MAIN_CHAIN = [
 ]
 BRANCHES = [
     Step("prompt_pairs", "prompt_pairs", "rewritten", "captions", "prompt_pairs", ("data.rewrite",)),
+    Step("user_prompts", "user_prompts", "prompt_pairs", "captions", "prompt_pairs", ("data.user_prompts",)),
 ]
 
 

@@ -154,6 +154,21 @@ class PromptPairRow(BaseModel):
     dropped: str  # JSON list of the details the prompt left out
 
 
+class UserPromptRow(BaseModel):
+    """A synthetic user prompt in a style, over a prompt pair, with its SFT sampling weight (assets.user_prompts)."""
+
+    id: str
+    prompt: str  # what a user would type: the pair's prompt rewritten in `style`
+    style: str  # terse, conversational, instruction
+    pair_prompt: str  # the rule-made prompt of the pair it was written from
+    target: str  # the long caption the expander should produce
+    dropped: str  # JSON list of the details the pair's prompt left out
+    writer: str  # who wrote `prompt`: rules:templates (a stand-in) or llm:<model type>
+    decoding: str  # JSON: model, instruction, generate() settings, seed of this row
+    thinking: str | None  # an optional trace: what the request fixes and what the caption adds
+    sampling_weight: float  # distribution shaping: richness and photographic bias (data.user_prompts)
+
+
 class ConceptCountRow(BaseModel):
     """Coverage of one concept (assets.concepts): rows whose captions mention it, before and after weighting."""
 
@@ -215,6 +230,7 @@ OCRED = arrow_schema(ManifestRow, StatsRow, DedupRow, OCRRow)
 OCR_CAPTIONED = arrow_schema(ManifestRow, StatsRow, DedupRow, OCRRow, CaptionRow, CaptionDecodingRow)
 REWRITTEN = arrow_schema(ManifestRow, StatsRow, DedupRow, OCRRow, CaptionRow, CaptionDecodingRow, RewriteRow)
 PROMPT_PAIRS = arrow_schema(PromptPairRow)
+USER_PROMPTS = arrow_schema(UserPromptRow)
 CONCEPT_COUNTS = arrow_schema(ConceptCountRow)
 CONCEPT_WEIGHTS = arrow_schema(ConceptWeightRow)
 MIX = arrow_schema(MixRow)

@@ -51,6 +51,7 @@ STAGE_MODULES = {
     "caption_ocr": "assets.captioners",
     "rewrite": "assets.rewrite",
     "prompt_pairs": "assets.prompt_pairs",
+    "user_prompts": "assets.user_prompts",
     "pack": "assets.pack",
     # curation stage 2, a branch on the dedup output: embed -> classify -> sae -> cluster -> semdedup
     "embed": "assets.embed",
