@@ -12,9 +12,10 @@ from dagster_project.post_training import post_assets
 from dagster_project.progress import kiln_progress_line
 from dagster_project.resources import KilnResource
 from dagster_project.sensors import slurm_jobs, source_changes
+from dagster_project.style import style_assets
 
 MAIN_ASSETS = [*MAIN_DATA_ASSETS, *ladder_assets, *EVAL_ASSETS]
-all_assets = [*MAIN_ASSETS, *BRANCH_ASSETS, *DOMAIN_DATA_ASSETS, *domain_assets, *post_assets]
+all_assets = [*MAIN_ASSETS, *BRANCH_ASSETS, *DOMAIN_DATA_ASSETS, *domain_assets, *post_assets, *style_assets]
 
 main = dg.define_asset_job(
     "main",

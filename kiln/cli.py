@@ -192,6 +192,26 @@ def cmd_grpo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_style_train(args: argparse.Namespace) -> int:
+    from training.style_eval import evaluate_style_checkpoint
+    from training.style_train import style_train
+
+    cfg = _cfg(args.overrides)
+    try:
+        out = style_train(Path(args.checkpoint), Path(args.out), cfg, resume=args.resume)
+    except (FileNotFoundError, ValueError) as e:  # a missing or unusable checkpoint: one plain message
+        print(f"kiln: {e}", file=sys.stderr)
+        return 1
+    if args.evaluate:
+        import json
+
+        report = evaluate_style_checkpoint(out, cfg)
+        (out / "style_eval.json").write_text(json.dumps(report, indent=2) + "\n")
+        print(json.dumps(report))
+    print(out)
+    return 0
+
+
 def cmd_distill(args: argparse.Namespace) -> int:
     from training.dcp import ResumeMismatch
     from training.dcp_safe import UnsafeCheckpoint
@@ -334,6 +354,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--resume", action="store_true", help="continue from OUT's newest DCP checkpoint")
     g.add_argument("overrides", nargs="*")
     g.set_defaults(fn=cmd_grpo)
+
+    st = sub.add_parser("style-train", help="add style references to a checkpoint and train them self-supervised (model.reference.*, style.*)")
+    st.add_argument("--checkpoint", required=True)
+    st.add_argument("--out", required=True)
+    st.add_argument("--resume", action="store_true", help="continue from OUT's newest DCP checkpoint")
+    st.add_argument("--evaluate", action="store_true", help="then score transfer accuracy and leakage per strength (OUT/style_eval.json)")
+    st.add_argument("overrides", nargs="*")
+    st.set_defaults(fn=cmd_style_train)
 
     ds = sub.add_parser("distill", help="TDM few-step distillation of a checkpoint into a student sampled without CFG (post.distill.*)")
     ds.add_argument("--checkpoint", required=True, help="the teacher checkpoint folder")

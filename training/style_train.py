@@ -29,9 +29,27 @@ from training.style_data import style_pair
 START = "start"
 
 
-def start_checkpoint(checkpoint: Path, out: Path, cfg: KilnConfig) -> Path:
+class PromptCache:
+    """Text states per prompt, each encoded alone (so a value never depends on which prompts shared its
+    batch, and a resumed run reads the same bits): the demo's prompts repeat, and the frozen backbone is
+    most of a step's time on a CPU."""
+
+    def __init__(self, gen):
+        self.gen, self.states = gen, {}
+
+    def __call__(self, prompts: list[str]):
+        from model.text_encoder import TextBatch
+
+        for p in prompts:
+            if p not in self.states:
+                self.states[p] = self.gen.encode_text([p])
+        return TextBatch.cat([self.states[p] for p in prompts])
+
+
+def start_checkpoint(checkpoint: Path, out: Path, cfg: KilnConfig, fresh: bool = True) -> Path:
     """The checkpoint itself when it has a reference pathway; else `out/start`: the checkpoint with the
-    pathway of `cfg.model.reference` added, its new weights drawn from `style.seed` (written once)."""
+    pathway of `cfg.model.reference` added, its new weights drawn from `style.seed`. A resumed run
+    (`fresh=False`) keeps the start it began from; a fresh one writes it again (the checkpoint may have changed)."""
     from model.generator import Generator
     from training.checkpoint import STATE_FILE
 
@@ -39,7 +57,7 @@ def start_checkpoint(checkpoint: Path, out: Path, cfg: KilnConfig) -> Path:
     if meta["model"].get("reference", {}).get("enabled"):
         return Path(checkpoint)
     start = Path(out) / START
-    if (start / "model.safetensors").exists():
+    if not fresh and (start / "model.safetensors").exists():
         return start
     torch.manual_seed(cfg.style.seed)
     gen = Generator.from_pretrained(checkpoint).with_references(cfg.model.reference)
@@ -48,6 +66,7 @@ def start_checkpoint(checkpoint: Path, out: Path, cfg: KilnConfig) -> Path:
     gen.save_pretrained(tmp)
     if (Path(checkpoint) / STATE_FILE).exists():
         shutil.copy2(Path(checkpoint) / STATE_FILE, tmp / STATE_FILE)
+    shutil.rmtree(start, ignore_errors=True)  # only ever written here
     tmp.rename(start)
     return start
 
@@ -59,8 +78,10 @@ def style_train(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = Fal
     from training.sampling import checkpoint_resolution, sampling_shift
 
     style, out = cfg.style, Path(out)
+    if not (Path(checkpoint) / "config.json").exists():
+        raise FileNotFoundError(f"{checkpoint} is not a checkpoint folder (no config.json)")
     out.mkdir(parents=True, exist_ok=True)
-    start = start_checkpoint(Path(checkpoint), out, cfg)
+    start = start_checkpoint(Path(checkpoint), out, cfg, fresh=not resume)
     B = style.batch_size
     with open_run("style", start, out, cfg, resume, style.lr, step_key="step") as run:
         mine = run.rows(B, "style.batch_size")
@@ -68,6 +89,7 @@ def style_train(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = Fal
         height, width = checkpoint_resolution(Path(checkpoint), cfg)
         shift = sampling_shift(policy, height, width, cfg.train)
         end = last_step(style.steps, stop_at)
+        encode_text = PromptCache(policy)
         policy.train()
         for step in progress(range(run.start, end), desc="style", unit="step", total=end - run.start):
             rng = np.random.default_rng(iteration_seed(style.seed, step, "pairs"))
@@ -79,7 +101,7 @@ def style_train(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = Fal
             t = sample_timesteps(B, g, cfg.train.timestep_mean, cfg.train.timestep_std, shift, "cpu")
             rows = range(B)[mine]
             x0, eps, t = x0[mine].to(device), eps[mine].to(device), t[mine].to(device)
-            text = policy.encode_text([pairs[i].prompt for i in rows])
+            text = encode_text([pairs[i].prompt for i in rows])
             refs = policy.encode_references([[pairs[i].reference] for i in rows], [[float(strengths[i])] for i in rows])
             pred = policy(interpolate(x0, eps, t), t, text, refs=refs)
             loss = F.mse_loss(pred.float(), velocity_target(x0, eps).float())
