@@ -161,7 +161,7 @@ def train_sft(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        loss_v = float(loss)
+        loss_v = float(loss.detach())
         with history.open("a") as f:
             f.write(json.dumps({"step": step + 1, "loss": loss_v}) + "\n")
         if (step + 1) % ex.save_every == 0 or step + 1 == ex.sft_steps:
