@@ -4,6 +4,7 @@ faithfulness on crafted expansions, the safety gate, diversity, and a killed run
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -36,10 +37,10 @@ def test_gdpo_normalises_each_reward_in_its_group_then_sums_and_standardises_the
     def z(
         row,
     ):  # by hand: the population std of the finite entries; NaN and constant groups give 0
-        vals = [v for v in row if v == v]
+        vals = [v for v in row if not math.isnan(v)]
         m = sum(vals) / len(vals)
         s = (sum((v - m) ** 2 for v in vals) / len(vals)) ** 0.5
-        return [0.0 if v != v or s == 0 else (v - m) / s for v in row]
+        return [0.0 if math.isnan(v) or s == 0 else (v - m) / s for v in row]
 
     total = [
         [1.0 * a + 0.5 * b for a, b in zip(z(f), z(i))]
