@@ -55,7 +55,7 @@ def main() -> None:
     print("| checkpoint | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
     for name, r in mean.items():
         print(f"| {name} | " + " | ".join(f"{r[d]:.3f}" for d in names) + " |")
-    print(f"| merge / best single | " + " | ".join(f"{ratio[d]:.3f}" for d in names) + " |")
+    print("| merge / best single | " + " | ".join(f"{ratio[d]:.3f}" for d in names) + " |")
     result = {"heldout_seeds": args.heldout_seeds, "heldout": mean, "merge_vs_best_single": ratio, "target_0.9_met": all(v >= 0.9 for v in ratio.values()),
               "search": [{k: c[k] for k in ("method", "weights", "scale", "density", "mean")} for c in search["candidates"]], "kept": search["kept"], **timings}  # fmt: skip
     print(json.dumps(result, sort_keys=True))
