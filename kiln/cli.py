@@ -145,7 +145,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_sample(args: argparse.Namespace) -> int:
     from training.sampling import sample_to_dir
 
-    grid = sample_to_dir(Path(args.checkpoint), Path(args.out), _cfg(args.overrides), prompts_file=args.prompts)
+    expander = Path(args.expand) if args.expand else None
+    grid = sample_to_dir(Path(args.checkpoint), Path(args.out), _cfg(args.overrides), prompts_file=args.prompts, expander=expander)
     print(f"sample grid: {grid}")
     return 0
 
@@ -316,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--checkpoint", required=True)
     sm.add_argument("--out", required=True)
     sm.add_argument("--prompts", default=None, help="text file, one prompt a line (default: the demo prompts)")
+    sm.add_argument("--expand", default=None, metavar="EXPANDER_DIR", help="expand each prompt with this prompt expander first (docs/expander.md)")
     sm.add_argument("overrides", nargs="*")
     sm.set_defaults(fn=cmd_sample)
 

@@ -122,7 +122,9 @@ def png(image: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def samples_table(images: np.ndarray, prompts: Sequence[str], seed: int) -> pa.Table:
+def samples_table(images: np.ndarray, prompts: Sequence[str], seed: int, expanded: Sequence[str] | None = None) -> pa.Table:
+    """One row per image; with `expanded` (the prompt expander's output per prompt, what the DiT was fed) an
+    `expanded_prompt` column beside the prompt as typed."""
     p, n = images.shape[:2]
     rows = {"prompt": [], "seed": [], "index": [], "png": []}
     for i in range(p):
@@ -131,11 +133,16 @@ def samples_table(images: np.ndarray, prompts: Sequence[str], seed: int) -> pa.T
             rows["seed"].append(seed)
             rows["index"].append(i * n + j)
             rows["png"].append(png(images[i, j]))
-    return pa.table(rows, schema=SAMPLES)
+    if expanded is None:
+        return pa.table(rows, schema=SAMPLES)
+    rows["expanded_prompt"] = [expanded[i] for i in range(p) for _ in range(n)]
+    return pa.table(rows, schema=SAMPLES.append(pa.field("expanded_prompt", pa.string())))
 
 
-def sample_to_dir(checkpoint: Path, out: Path, cfg: KilnConfig, prompts_file: str | None = None) -> Path:
-    """Generate `cfg.train.sample.n_per_prompt` images per prompt at the training resolution; return grid.png."""
+def sample_to_dir(checkpoint: Path, out: Path, cfg: KilnConfig, prompts_file: str | None = None, expander: Path | None = None) -> Path:
+    """Generate `cfg.train.sample.n_per_prompt` images per prompt at the training resolution; return grid.png.
+    `expander`: a prompt expander folder (training/expander.py); each prompt is expanded (greedy) first, the
+    DiT draws the expansion, and samples.parquet records it (`expanded_prompt`)."""
     from model.generator import Generator
     from training.trainer import setup_runtime
 
@@ -147,11 +154,17 @@ def sample_to_dir(checkpoint: Path, out: Path, cfg: KilnConfig, prompts_file: st
     own = read_sampler_settings(Path(checkpoint))
     steps, cfg_scale = (own.steps, own.cfg_scale) if own else (sc.steps, sc.cfg_scale)
     shift = own.shift if own and own.shift is not None else sampling_shift(gen, height, width, cfg.train)
+    expanded = None
+    if expander is not None:
+        from training.expander import expand, load_expander
+
+        lm, tok, template, max_new = load_expander(expander)
+        expanded = expand(lm, tok, prompts, template, max_new)
     with torch.no_grad():
-        images = generate(gen, prompts, sc.n_per_prompt, height, width, steps, cfg_scale, sc.seed, shift)
+        images = generate(gen, expanded or prompts, sc.n_per_prompt, height, width, steps, cfg_scale, sc.seed, shift)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    write_table(samples_table(images, prompts, sc.seed), out / "samples.parquet")
+    write_table(samples_table(images, prompts, sc.seed, expanded), out / "samples.parquet")
     grid_path = out / "grid.png"
     sample_grid(images, prompts).save(grid_path, format="PNG")
     return grid_path

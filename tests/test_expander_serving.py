@@ -1,0 +1,98 @@
+"""Serving with the prompt expander: `kiln sample --expand EXPANDER_DIR` expands each prompt, the DiT draws the
+expansion, and samples.parquet records it beside the prompt as typed."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+
+from kiln.config import load_config
+from model.testing import write_tiny_text_encoder
+from training.expander import expand, load_expander, train_sft
+from training.sampling import SAMPLES, sample_to_dir
+from training.testing import scene_rows, tiny_config, write_pack_output
+from training.trainer import train
+
+PAIRS = [
+    {
+        "id": "a",
+        "prompt": "red circle",
+        "target": "a large red circle on the left, on a blue background",
+        "sampling_weight": 1.0,
+    },
+    {
+        "id": "b",
+        "prompt": "green square",
+        "target": "a small green square at the top, on a white background",
+        "sampling_weight": 1.0,
+    },
+]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve")
+    te = write_tiny_text_encoder(root / "text_encoder")
+    cfg = tiny_config(te, steps=2)
+    dit = train(
+        write_pack_output(root / "pack", scene_rows(16, seed=1)), root / "dit", cfg
+    )
+    over = {
+        "tiny_hidden": 32,
+        "tiny_heads": 2,
+        "tiny_layers": 1,
+        "sft_steps": 60,
+        "sft_batch": 2,
+        "sft_lr": 0.01,
+        "save_every": 60,
+        "max_new_tokens": 16,
+    }
+    expander = train_sft(
+        PAIRS,
+        root / "expander",
+        load_config([f"expander.{k}={v}" for k, v in over.items()]),
+    )
+    return dit, expander, cfg
+
+
+def test_sampling_with_an_expander_draws_the_expansions_and_records_them(
+    models, tmp_path
+):
+    dit, expander, cfg = models
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("red circle\ngreen square\n")
+    sample_to_dir(
+        dit, tmp_path / "expanded", cfg, prompts_file=str(prompts), expander=expander
+    )
+    table = pq.read_table(tmp_path / "expanded" / "samples.parquet")
+    lm, tok, template, max_new = load_expander(expander)
+    wanted = expand(lm, tok, ["red circle", "green square"], template, max_new)
+    assert all(wanted) and wanted != ["red circle", "green square"]
+    n = cfg.train.sample.n_per_prompt
+    assert table.schema.equals(SAMPLES.append(table.schema.field("expanded_prompt")))
+    assert (
+        table.column("prompt").to_pylist() == ["red circle"] * n + ["green square"] * n
+    )
+    assert (
+        table.column("expanded_prompt").to_pylist() == [wanted[0]] * n + [wanted[1]] * n
+    )
+    fed = (
+        tmp_path / "fed.txt"
+    )  # the same images as sampling the expansions directly: the DiT was fed them
+    fed.write_text("\n".join(wanted) + "\n")
+    sample_to_dir(dit, tmp_path / "direct", cfg, prompts_file=str(fed))
+    assert (
+        table.column("png").to_pylist()
+        == pq.read_table(tmp_path / "direct" / "samples.parquet")
+        .column("png")
+        .to_pylist()
+    )
+
+
+def test_the_cli_takes_an_expander_folder():
+    from kiln.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["sample", "--checkpoint", "c", "--out", "o", "--expand", "data/expander_rl"]
+    )
+    assert args.expand == "data/expander_rl"
