@@ -621,11 +621,11 @@ class TDMConfig(Strict):
 
     student_steps: int = Field(4, ge=1, le=64, description="Euler steps of the student's sampler (its sampler.json)")
     teacher_cfg: float = Field(3.0, ge=0, le=100, description="CFG scale of the teacher's targets: guidance baked into a student sampled without CFG")
-    iterations: int = Field(200, ge=1, le=10_000_000, description="student updates")
+    iterations: int = Field(80, ge=1, le=10_000_000, description="student updates (80: about 5 minutes on the demo, CPU)")
     fake_updates: int = Field(1, ge=1, le=64, description="fake-score updates before each student update (the paper: 1)")
-    batch: int = Field(16, ge=1, le=65536, description="prompts (one student trajectory each) per iteration")
-    lr: float = Field(1e-5, gt=0, le=1, description="student AdamW learning rate")
-    fake_lr: float = Field(5e-5, gt=0, le=1, description="fake-score AdamW learning rate (the paper: 5x the student's)")
+    batch: int = Field(8, ge=1, le=65536, description="prompts (one student trajectory each) per iteration")
+    lr: float = Field(1e-4, gt=0, le=1, description="student AdamW learning rate")
+    fake_lr: float = Field(5e-4, gt=0, le=1, description="fake-score AdamW learning rate (the paper: 5x the student's)")
     weight_decay: float = Field(0.01, ge=0, le=10)
     grad_clip: float = Field(1.0, gt=0, le=1e6)
     t_min: float = Field(0.02, gt=0, lt=1, description="lowest time student samples are diffused to")
@@ -633,7 +633,7 @@ class TDMConfig(Strict):
     random_mid: bool = Field(False, description="diffuse from a random point of the student's step, not its end (the paper code's use_randmid)")
     importance_weighting: bool = Field(True, description="reweight the fake score's loss by the effective-noise density ratio")
     huber_c: float = Field(0.0, ge=0, le=10, description="> 0: pseudo-Huber student loss with this c (the paper's recipe: 1e-3); 0 = MSE")
-    save_every: int = Field(50, ge=1, le=10_000_000, description="DCP checkpoint every N iterations")
+    save_every: int = Field(40, ge=1, le=10_000_000, description="DCP checkpoint every N iterations")
     seed: int = Field(0, ge=0, le=2**63 - 1)
 
 
