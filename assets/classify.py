@@ -89,6 +89,34 @@ def answer_token_ids(tokenizer, word: str) -> list[int]:
     return ids
 
 
+@dataclass(frozen=True)
+class YesNo:
+    """A yes/no answer read from next-token logits: p = softmax(logsumexp(positive), logsumexp(negative))[0].
+    The VLM labeller and the rubric's VLM judge (training/rubric.py) both read answers this way."""
+
+    positive_ids: list[int]
+    negative_ids: list[int]
+
+    @classmethod
+    def of(cls, tokenizer, positive: str, negative: str, path: str) -> YesNo:
+        pos, neg = answer_token_ids(tokenizer, positive), answer_token_ids(tokenizer, negative)
+        shared = set(pos) & set(neg)
+        out = cls([t for t in pos if t not in shared], [t for t in neg if t not in shared])
+        for word, ids in ((positive, out.positive_ids), (negative, out.negative_ids)):
+            if not ids:
+                raise ValueError(f"answer word {word!r} has no token of its own in {path}'s tokenizer "
+                                 f"(unknown, or its first token is shared with the other answer)")
+        return out
+
+    def p_yes(self, logits):
+        """P(positive) per row of raw next-token logits [B, vocab]."""
+        import torch
+
+        logp = logits.float().log_softmax(-1)
+        pair = torch.stack([logp[:, self.positive_ids].logsumexp(-1), logp[:, self.negative_ids].logsumexp(-1)], -1)
+        return pair.softmax(-1)[:, 0]
+
+
 class VLMLabeller:
     """A VLM asked the task prompt about each image; the label is whether it would answer `positive`.
 
@@ -104,13 +132,8 @@ class VLMLabeller:
         self.path, self.prompt, self.batch_size, self.device, self.max_pixels = path, prompt, batch_size, device, max_pixels
         self.model, self.processor = load_vlm(path, device)
         tok = self.processor.tokenizer
-        pos, neg = answer_token_ids(tok, positive), answer_token_ids(tok, negative)
-        shared = set(pos) & set(neg)
-        self.positive_ids, self.negative_ids = [t for t in pos if t not in shared], [t for t in neg if t not in shared]
-        for word, ids in ((positive, self.positive_ids), (negative, self.negative_ids)):
-            if not ids:
-                raise ValueError(f"answer word {word!r} has no token of its own in {path}'s tokenizer "
-                                 f"(unknown, or its first token is shared with the other answer)")
+        self.answers = YesNo.of(tok, positive, negative, path)
+        self.positive_ids, self.negative_ids = self.answers.positive_ids, self.answers.negative_ids
         self.settings = GenerationSettings(max_new_tokens=1, min_new_tokens=0)  # greedy, one step: only its logits are read
         self.name = f"vlm:{self.model.config.model_type}:{path.rstrip('/').split('/')[-1]}"
         self.decoding = {
@@ -131,9 +154,7 @@ class VLMLabeller:
             inputs = vlm_inputs(self.processor, batch, [self.prompt] * len(batch), self.device, self.max_pixels)
             with torch.no_grad():
                 gen = self.model.generate(**inputs, **self.settings.kwargs(), output_logits=True, return_dict_in_generate=True)
-            logp = gen.logits[0].float().log_softmax(-1)  # the first generated position's raw logits
-            pair = torch.stack([logp[:, self.positive_ids].logsumexp(-1), logp[:, self.negative_ids].logsumexp(-1)], -1)
-            out.append(pair.softmax(-1)[:, 0].double().cpu().numpy())
+            out.append(self.answers.p_yes(gen.logits[0]).double().cpu().numpy())  # the first generated position's raw logits
         return np.concatenate(out) if out else np.zeros(0, np.float64)
 
     def label(self, rows: pa.Table) -> np.ndarray:

@@ -152,15 +152,10 @@ class VLMJudge:
 
     def __init__(self, path: str, positive: str = "yes", negative: str = "no", device: str = "cpu"):
         from assets.captioners import load_vlm
-        from assets.classify import answer_token_ids
+        from assets.classify import YesNo
 
         self.model, self.processor = load_vlm(path, device)
-        tok = self.processor.tokenizer
-        pos, neg = answer_token_ids(tok, positive), answer_token_ids(tok, negative)
-        shared = set(pos) & set(neg)
-        self.positive_ids, self.negative_ids = [t for t in pos if t not in shared], [t for t in neg if t not in shared]
-        if not self.positive_ids or not self.negative_ids:
-            raise ValueError(f"{path}: the answers {positive!r} / {negative!r} have no tokens of their own")
+        self.answers = YesNo.of(self.processor.tokenizer, positive, negative, path)
         self.device = device
         self.name = f"vlm_judge:{Path(path).name}"
 
@@ -176,9 +171,7 @@ class VLMJudge:
             text = chat_text(self.processor, req.question + " Answer yes or no.")
             inputs = self.processor(images=pil, text=[text] * len(pil), return_tensors="pt", padding=True).to(self.device)
             with torch.no_grad():
-                logits = self.model(**inputs).logits[:, -1].float().log_softmax(-1)
-            pair = torch.stack([logits[:, self.positive_ids].logsumexp(-1), logits[:, self.negative_ids].logsumexp(-1)], -1)
-            out[:, j] = pair.softmax(-1)[:, 0].double().numpy()
+                out[:, j] = self.answers.p_yes(self.model(**inputs).logits[:, -1]).double().cpu().numpy()
         return out
 
 
