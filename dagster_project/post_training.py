@@ -39,9 +39,10 @@ def compare(before: Path, after: Path, cfg, data_dir: Path) -> dict:
     from training.plots import sample_grid
 
     rows, md = {}, {}
-    prompts = [p.prompt for p in eval_rubric(cfg)[0]]
+    rubric = eval_rubric(cfg)  # one judge for both
+    prompts = [p.prompt for p in rubric[0]]
     for name, ckpt in (("before", before), ("after", after)):
-        rows[name], images = evaluation_row(ckpt, data_dir, cfg)
+        rows[name], images = evaluation_row(ckpt, data_dir, cfg, rubric)
         md |= evaluation_metadata(name, rows[name])
         md[f"samples_{name}"] = dg.MetadataValue.md(markdown_image(sample_grid(images, prompts), f"samples {name}"))
     gain = {"prompt_following_gain.all": round(rows["after"]["prompt_following"]["all"] - rows["before"]["prompt_following"]["all"], 4)}

@@ -87,19 +87,20 @@ def eval_rubric(cfg: KilnConfig):
     return prompts, make_judge(cfg.post)
 
 
-def prompt_following(gen, cfg: KilnConfig, height: int, width: int) -> tuple[dict[str, float], np.ndarray]:
-    """Per-requirement-attribute accuracy and `all` (every requirement met) of generated images: the rubric."""
+def prompt_following(gen, cfg: KilnConfig, height: int, width: int, rubric=None) -> tuple[dict[str, float], np.ndarray]:
+    """Per-requirement-attribute accuracy and `all` (every requirement met) of generated images: the rubric.
+    `rubric`: eval_rubric(cfg) when the caller already has it (a VLM judge is loaded once, not per model)."""
     from training.rubric import rubric_scores
 
-    prompts, judge = eval_rubric(cfg)
+    prompts, judge = rubric or eval_rubric(cfg)
     ec = cfg.train.eval
     images = generate(gen, [p.prompt for p in prompts], ec.n_per_prompt, height, width, ec.steps, cfg.train.sample.cfg_scale, ec.seed, sampling_shift(gen, height, width, cfg.train))
     return rubric_scores(judge, prompts, images)[1], images
 
 
-def score(gen, rows: pa.Table, cfg: KilnConfig, height: int, width: int) -> tuple[dict, np.ndarray]:
+def score(gen, rows: pa.Table, cfg: KilnConfig, height: int, width: int, rubric=None) -> tuple[dict, np.ndarray]:
     loss = heldout_loss(gen, rows, cfg.train.eval.loss_timesteps, cfg.train.eval.seed)
-    acc, images = prompt_following(gen, cfg, height, width)
+    acc, images = prompt_following(gen, cfg, height, width, rubric)
     return {"heldout_loss": loss, "prompt_following": acc}, images
 
 
@@ -108,11 +109,12 @@ def sampling_cost(cfg: KilnConfig) -> int:
     return cfg.train.eval.steps * (2 if cfg.train.sample.cfg_scale != 1.0 else 1)
 
 
-def evaluation_row(checkpoint: Path, data_dir: Path, cfg: KilnConfig) -> tuple[dict, np.ndarray]:
+def evaluation_row(checkpoint: Path, data_dir: Path, cfg: KilnConfig, rubric=None) -> tuple[dict, np.ndarray]:
     """One checkpoint of the post-training ladder under the evaluation protocol (its own sampler settings for
     a distilled student): prompt following per attribute, held-out loss on `data_dir`'s held-out rows,
     FID / CMMD / DINO-MMD when extractors are set (None otherwise), and the sampling cost: NFEs and
-    seconds per image. Returns (row, the prompt-following images)."""
+    seconds per image. `rubric`: eval_rubric(cfg), when the caller scores several checkpoints. Returns (row,
+    the prompt-following images)."""
     import time
 
     from model.generator import Generator
@@ -123,7 +125,7 @@ def evaluation_row(checkpoint: Path, data_dir: Path, cfg: KilnConfig) -> tuple[d
     height, width = checkpoint_resolution(checkpoint, cfg)
     rows, _ = heldout_rows(Path(data_dir), read_train_state(checkpoint).holdout, checkpoint)
     t0 = time.perf_counter()
-    acc, images = prompt_following(gen, cfg, height, width)
+    acc, images = prompt_following(gen, cfg, height, width, rubric)
     seconds = (time.perf_counter() - t0) / max(images.shape[0] * images.shape[1], 1)
     distribution, _ = evaluate_distribution({"model": gen}, cfg, Path(data_dir), height, width)
     row = {
@@ -153,9 +155,10 @@ def evaluate(checkpoint: Path, data_dir: Path, out: Path, cfg: KilnConfig) -> di
     rows, is_heldout = heldout_rows(Path(data_dir), state.holdout, checkpoint)
 
     trained = Generator.from_pretrained(checkpoint, device=runtime.device)
-    trained_scores, images = score(trained, rows, cfg, height, width)
+    prompts, judge = rubric = eval_rubric(cfg)  # one judge for both models; its prompts name the grid
+    trained_scores, images = score(trained, rows, cfg, height, width, rubric)
     untrained = init_generator(trained_model, init_seed, runtime.device)
-    baseline_scores, _ = score(untrained, rows, cfg, height, width)
+    baseline_scores, _ = score(untrained, rows, cfg, height, width, rubric)
     distribution, distribution_setup = evaluate_distribution({"trained": trained, "baseline": untrained}, cfg, Path(data_dir), height, width, str(runtime.device))
     trained_scores["distribution"], baseline_scores["distribution"] = distribution["trained"], distribution["baseline"]
 
@@ -165,14 +168,14 @@ def evaluate(checkpoint: Path, data_dir: Path, out: Path, cfg: KilnConfig) -> di
         "heldout": {"rows": rows.num_rows, "held_out": is_heldout, "timesteps": list(cfg.train.eval.loss_timesteps), "seed": cfg.train.eval.seed},
         "distribution_setup": distribution_setup,
         "prompt_following_setup": {"prompts": images.shape[0], "per_prompt": images.shape[1], "steps": cfg.train.eval.steps, "cfg_scale": cfg.train.sample.cfg_scale, "seed": cfg.train.eval.seed,
-                                   "prompt_set": cfg.post.eval_prompts or "demo prompts (assets.demo_scenes.demo_prompts)", "judge": eval_rubric(cfg)[1].name},
+                                   "prompt_set": cfg.post.eval_prompts or "demo prompts (assets.demo_scenes.demo_prompts)", "judge": judge.name},
         **trained_scores,
         "baseline": baseline_scores,
         "throughput": json.loads(throughput_file.read_text()) if throughput_file.exists() else None,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-    sample_grid(images, [p.prompt for p in eval_rubric(cfg)[0]]).save(out / "eval_samples.png", format="PNG")
+    sample_grid(images, [p.prompt for p in prompts]).save(out / "eval_samples.png", format="PNG")
     record(metrics, out, cfg)
     log.info("eval: held-out loss %.4f (untrained %.4f), prompt following %s (untrained %s)", trained_scores["heldout_loss"]["mean"], baseline_scores["heldout_loss"]["mean"], trained_scores["prompt_following"], baseline_scores["prompt_following"])
     return metrics
