@@ -1,5 +1,5 @@
-"""One runner for post-training loops (Diffusion-DPO, Flow-GRPO): their shared setup and export, under the
-trainer's parallelism.
+"""One runner for post-training loops (Diffusion-DPO, Flow-GRPO, TDM distillation): their shared setup and
+export, under the trainer's parallelism.
 
     with open_run("dpo", checkpoint, out, cfg, resume, lr=post.dpo_lr, step_key="step") as run:
         reference = run.frozen(checkpoint)
@@ -11,8 +11,10 @@ trainer's parallelism.
     without one it is a plain single process, no group, no mesh.
   * The policy is loaded from a checkpoint folder and parallelized with the trainer's `parallelize`
     (FSDP2 over dp_shard, TP over tp); frozen copies (a reference, a teacher) the same way, without grads.
-  * AdamW, a DCP Checkpointer (training/dcp.py) recording the kind and layout, and resume from its newest
-    good step. The history (JSON lines) is appended by rank 0; a resume drops lines past the resumed step.
+  * Further trained copies of the checkpoint (`trained`: TDM's fake score), parallelized like the policy,
+    each with an AdamW of its own learning rate; the Checkpointer saves and restores them as its `aux`.
+  * AdamW (`weight_decay`, 0 unless given), a DCP Checkpointer (training/dcp.py) recording the kind and
+    layout, and resume from its newest good step. The history (JSON lines) is appended by rank 0; a resume drops lines past the resumed step.
   * The export is the trainer's: weights gathered to the canonical single-process layout (rank 0 writes
     model.safetensors), train_state.json copied from the start checkpoint, a `<kind>.json` record, and the
     checksums (write_export_manifest) last.
@@ -29,7 +31,7 @@ import hashlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -54,7 +56,7 @@ def last_step(total: int, stop_at: int | None) -> int:
 
 @dataclass
 class PostRun:
-    kind: str  # "dpo", "grpo": names the history, the record and the checkpoints' kind
+    kind: str  # "dpo", "grpo", "tdm": names the history, the record and the checkpoints' kind
     out: Path
     cfg: KilnConfig
     device: torch.device
@@ -65,6 +67,7 @@ class PostRun:
     ckpt: Checkpointer
     start: int  # the step (iteration) this call starts at: 0, or the resumed one
     step_key: str  # the history field holding the step number
+    trained: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] = field(default_factory=dict)  # further trained copies, by name
 
     @property
     def history_path(self) -> Path:
@@ -97,11 +100,12 @@ class PostRun:
 
         return all_reduce_sum([float(v) for v in values], self.device, self.ranks.dp_size)
 
-    def clip_grads(self, max_norm: float) -> float:
-        """The global gradient norm (DTensor-aware, the trainer's), clipped to `max_norm`."""
+    def clip_grads(self, max_norm: float, module: torch.nn.Module | None = None) -> float:
+        """The global gradient norm (DTensor-aware, the trainer's) of the policy's (or `module`'s)
+        parameters, clipped to `max_norm`."""
         from training.distributed import grad_norm_and_clip
 
-        return grad_norm_and_clip([p for p in self.policy.parameters() if p.requires_grad], max_norm)
+        return grad_norm_and_clip([p for p in (module or self.policy).parameters() if p.requires_grad], max_norm)
 
     def history(self) -> list[dict]:
         path = self.history_path
@@ -142,10 +146,14 @@ class PostRun:
 
 
 @contextmanager
-def open_run(kind: str, checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool, lr: float, step_key: str) -> Iterator[PostRun]:
+def open_run(
+    kind: str, checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool, lr: float, step_key: str, weight_decay: float = 0.0, trained: dict[str, float] | None = None
+) -> Iterator[PostRun]:
     """Join the job's ranks, load and parallelize the policy from `checkpoint`, make its optimiser and
     Checkpointer, resume (`resume=True`) from the newest good step in `out/dcp`, and start or trim the
-    history. On the way out a pending save is finished and a process group this call made is destroyed."""
+    history. `trained`: {name: lr} of further copies of `checkpoint` trained alongside (`run.trained`),
+    checkpointed and resumed with the policy. On the way out a pending save is finished and a process
+    group this call made is destroyed."""
     import torch.distributed as dist
 
     from model.generator import Generator
@@ -159,11 +167,16 @@ def open_run(kind: str, checkpoint: Path, out: Path, cfg: KilnConfig, resume: bo
     ckpt = None
     try:
         mesh, ranks = build_ranks(parallel.tp, runtime.device.type)
-        policy = parallelize(Generator.from_pretrained(checkpoint, device=runtime.device), mesh, parallel, runtime.device.type)
-        opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
-        ckpt = Checkpointer(out, keep=2, async_save=False, mesh_facts={"kind": kind, "tp": parallel.tp, "world_size": ranks.world})
+
+        def model_and_opt(rate: float):
+            module = parallelize(Generator.from_pretrained(checkpoint, device=runtime.device), mesh, parallel, runtime.device.type)
+            return module, torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=rate, weight_decay=weight_decay)
+
+        policy, opt = model_and_opt(lr)
+        extra = {name: model_and_opt(rate) for name, rate in (trained or {}).items()}
+        ckpt = Checkpointer(out, keep=2, async_save=False, mesh_facts={"kind": kind, "tp": parallel.tp, "world_size": ranks.world}, aux=extra)
         start = (ckpt.load_latest(policy, opt) if resume else None) or RunState(0, DataPosition())
-        run = PostRun(kind, out, cfg, runtime.device, mesh, ranks, policy, opt, ckpt, start.step, step_key)
+        run = PostRun(kind, out, cfg, runtime.device, mesh, ranks, policy, opt, ckpt, start.step, step_key, extra)
         if ranks.rank == 0:
             out.mkdir(parents=True, exist_ok=True)
             _restart_history(run, resume)
