@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ import pyarrow as pa
 
 from assets.embed import l2_normalise, matrix
 from kiln.config import ClusteringConfig, KilnConfig
+from kiln.errors import MissingInput, UnknownName
 from kiln.reasons import Reason
 from kiln.schemas import CLUSTERED, EMBEDDED
 from kiln.stage import Rejects, Stage, StageOutput
@@ -215,7 +217,7 @@ def set_decision(db: Path | str, level: int, cluster: int, decision: str, note: 
     try:
         n = con.execute("SELECT count(*) FROM cluster_review WHERE level = ? AND cluster = ?", [level, cluster]).fetchone()[0]
         if not n:
-            raise KeyError(f"no cluster {level}:{cluster} in the review table {db}")
+            raise UnknownName(f"no cluster {level}:{cluster} in the review table {db}; `kiln review list` shows them")
         con.execute("UPDATE cluster_review SET decision = ?, note = ? WHERE level = ? AND cluster = ?", [decision, note, level, cluster])
     finally:
         con.close()
@@ -365,14 +367,24 @@ def review_cli(args: argparse.Namespace) -> int:
 
     c = load_config(list(getattr(args, "overrides", []) or [])).data.clustering
     db = args.db or c.review_db
+    if not Path(db).exists():  # reading would create an empty table: say what is missing instead
+        if args.action == "list":
+            print(f"no clustering run yet: no review table at {db} (the cluster stage writes it)")
+            return 0
+        raise MissingInput(f"no clustering run yet: no review table at {db} (the cluster stage writes it)")
     if args.action == "list":
-        for row in review_rows(db):
+        rows = review_rows(db)
+        for row in rows:
             print(f"{row['level']}:{row['cluster']:<4} {row['decision']:<8} size {row['size']:<5} {row['name']!r}  [{row['flag_reason']}] {row['note']}")
+        if not rows:
+            print(f"no clusters flagged in {db}")
         return 0
     if not args.cluster:
-        print("kiln review: which cluster? (LEVEL:CLUSTER)")
+        print("kiln review: which cluster? (LEVEL:CLUSTER)", file=sys.stderr)
         return 2
     level, cluster = (args.cluster.split(":", 1) if ":" in args.cluster else (c.review_level, args.cluster))
+    if not (str(level).isdigit() and str(cluster).isdigit()):
+        raise UnknownName(f"{args.cluster!r} is not a cluster: LEVEL:CLUSTER or CLUSTER, whole numbers")
     set_decision(db, int(level), int(cluster), args.action, args.note)
     print(f"{level}:{cluster} -> {args.action}; the next cluster stage run honours it")
     return 0

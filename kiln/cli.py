@@ -399,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from assets.source import SourceError
     from kiln.config import ConfigError
+    from kiln.errors import UserError
     from kiln.progress import setup_logging
 
     setup_logging()
@@ -412,10 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*getattr(args, "overrides", []), *extra]
     try:
         return args.fn(args)
-    except ConfigError as e:
-        print(f"kiln: {e}", file=sys.stderr)
-        return 2
-    except SourceError as e:
+    except (ConfigError, SourceError, UserError) as e:  # the user's mistake: one line; anything else is a bug
         print(f"kiln: {e}", file=sys.stderr)
         return 2
 

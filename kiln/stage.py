@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kiln.config import KilnConfig
+from kiln.errors import MissingInput, UnknownName
 from kiln.outputs import (
     check_output,
     check_shard_set,
@@ -114,7 +115,7 @@ class Rejects:
 
 def get_stage(name: str) -> Stage:
     if name not in STAGE_MODULES:
-        raise KeyError(f"unknown stage {name!r}; stages: {', '.join(STAGE_MODULES)}")
+        raise UnknownName(f"unknown stage {name!r}; stages: {', '.join(STAGE_MODULES)}")
     return importlib.import_module(STAGE_MODULES[name]).STAGE
 
 
@@ -152,7 +153,7 @@ def read_dataset(dataset: Path) -> pa.Table:
     the sha256 its stage recorded."""
     paths = shard_paths(dataset)
     if not paths:
-        raise FileNotFoundError(f"no Parquet shards under {dataset}")
+        raise MissingInput(f"no Parquet shards under {dataset}" + ("" if Path(dataset).exists() else " (no such folder)"))
     return pa.concat_tables(read_shards(Path(dataset), paths))
 
 

@@ -22,9 +22,8 @@ def run_map(
 
     import kiln.warehouse as wh
     from kiln.executors import queue_table
-    from kiln.stage import get_stage, input_shards, write_stage_output
-
     from kiln.outputs import check_output
+    from kiln.stage import get_stage, input_shards, write_stage_output
 
     check_output(output, input_dir, overwrite)  # before any work: never an output over the input or over foreign files
     st = get_stage(stage)
@@ -84,12 +83,13 @@ def job_tables(stage: str, dsn: str | None) -> list[str]:
 
 def cmd_watch(args: argparse.Namespace) -> int:
     import kiln.warehouse as wh
+    from kiln.errors import UnknownName
 
     table = args.table
     if table is None:  # kiln map keys its tables: the one job of this stage, if there is one
         tables = job_tables(args.stage, args.dsn)
         if len(tables) != 1:
-            raise SystemExit(f"kiln watch {args.stage}: {len(tables)} jobs of this stage ({', '.join(tables) or 'none'}); pick one with --table")
+            raise UnknownName(f"kiln watch {args.stage}: {len(tables)} jobs of this stage ({', '.join(tables) or 'none'}); pick one with --table")
         (table,) = tables
     p = wh.attach(args.stage, table=table, dsn=args.dsn).wait(progress_bar=True)
     print(f"{args.stage} on {table}: {p.done}/{p.total} done ({p.kept} kept, {p.rejected} rejected), {p.failed} failed, {p.remaining} remaining")
