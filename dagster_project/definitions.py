@@ -7,6 +7,7 @@ import dagster as dg
 from dagster_project.assets import BRANCH_ASSETS, DOMAIN_DATA_ASSETS, EVAL_ASSETS, MAIN_DATA_ASSETS
 from dagster_project.checks import all_checks
 from dagster_project.domains import domain_assets
+from dagster_project.expander import expander_assets, expander_job
 from dagster_project.ladder import ladder_assets
 from dagster_project.post_training import post_assets
 from dagster_project.progress import kiln_progress_line
@@ -15,7 +16,7 @@ from dagster_project.sensors import slurm_jobs, source_changes
 from dagster_project.style import style_assets
 
 MAIN_ASSETS = [*MAIN_DATA_ASSETS, *ladder_assets, *EVAL_ASSETS]
-all_assets = [*MAIN_ASSETS, *BRANCH_ASSETS, *DOMAIN_DATA_ASSETS, *domain_assets, *post_assets, *style_assets]
+all_assets = [*MAIN_ASSETS, *BRANCH_ASSETS, *DOMAIN_DATA_ASSETS, *domain_assets, *post_assets, *style_assets, *expander_assets]
 
 main = dg.define_asset_job(
     "main",
@@ -50,4 +51,4 @@ post_training = dg.define_asset_job(
     description="after `checkpoint`: domain SFTs -> their merge, preference pairs -> reward model, Diffusion-DPO, then Flow-GRPO (docs/post-training.md)",
 )
 
-defs = dg.Definitions(assets=all_assets, asset_checks=all_checks, jobs=[main, caption_branch, curation_models, training, post_training], sensors=[slurm_jobs, source_changes], resources={"kiln": KilnResource()})
+defs = dg.Definitions(assets=all_assets, asset_checks=all_checks, jobs=[main, caption_branch, curation_models, training, post_training, expander_job], sensors=[slurm_jobs, source_changes], resources={"kiln": KilnResource()})

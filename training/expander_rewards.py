@@ -257,4 +257,8 @@ def diversity(embeddings: np.ndarray) -> np.ndarray:
     )
     sim = e @ e.T
     g = len(e)
-    return (1.0 - (sim.sum(1) - np.diag(sim)) / max(g - 1, 1)) if g > 1 else np.zeros(g)
+    if g < 2:
+        return np.zeros(g)
+    return np.clip(
+        1.0 - (sim.sum(1) - np.diag(sim)) / (g - 1), 0.0, 2.0
+    )  # clip: float rounding on identical images
