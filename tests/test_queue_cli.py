@@ -13,6 +13,12 @@ def _ids(folder):
     return sorted(read_dataset(folder / "kept").column("id").to_pylist()), sorted(read_dataset(folder / "rejected").column("id").to_pylist())
 
 
+@pytest.fixture(autouse=True)
+def warehouse_in_tmp(tmp_path, monkeypatch):
+    """The embedded warehouse lives under the artifact root (KILN_DATA, default ./data): a test's, not the checkout's."""
+    monkeypatch.setenv("KILN_DATA", str(tmp_path / "data"))
+
+
 @pytest.fixture(scope="module")
 def manifest(tmp_path_factory):
     from assets.demo_corpus import write_demo_corpus
