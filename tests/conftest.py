@@ -67,25 +67,33 @@ def _sinfo_answers() -> bool:
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    """SLURM_CONF of a cluster that answers: the one in the environment, else the local one, started."""
+    """SLURM_CONF of a cluster that answers: the one in the environment, else the local one, started, and
+    stopped again after the session when this session started it (a running one is left running)."""
+    started_here = False
     if not (os.environ.get("SLURM_CONF") and _sinfo_answers()):
         env_line = subprocess.run([str(SLURM_SCRIPT), "env"], capture_output=True, text=True).stdout.strip()
         os.environ["SLURM_CONF"] = env_line.split("=", 1)[1]
-        started = subprocess.run([str(SLURM_SCRIPT), "start"], capture_output=True, text=True, timeout=120)
-        if started.returncode != 0 or not _sinfo_answers():
-            why = f"local Slurm did not start: {started.stderr[-2000:]}"
-            if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-                pytest.fail(why)
-            pytest.skip(why)
-    return os.environ["SLURM_CONF"]
+        if not _sinfo_answers():
+            started = subprocess.run([str(SLURM_SCRIPT), "start"], capture_output=True, text=True, timeout=120)
+            started_here = True
+            if started.returncode != 0 or not _sinfo_answers():
+                why = f"local Slurm did not start: {started.stderr[-2000:]}"
+                if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+                    pytest.fail(why)
+                pytest.skip(why)
+    yield os.environ["SLURM_CONF"]
+    if started_here:
+        subprocess.run([str(SLURM_SCRIPT), "stop"], capture_output=True, timeout=120)
 
 
 @pytest.fixture(scope="session")
-def dsn() -> str:
-    """A live Postgres (KILN_PG_DSN, else scripts/postgres-local.sh started); in CI one that cannot start fails."""
+def dsn():
+    """A live Postgres (KILN_PG_DSN, else scripts/postgres-local.sh started, and stopped after the session when
+    this session started it); in CI one that cannot start fails."""
     from kiln.warehouse import postgres as pg
-    from kiln.warehouse.local import local_postgres_dsn
+    from kiln.warehouse.local import SCRIPT, local_postgres_dsn
 
+    was_running = bool(os.environ.get("KILN_PG_DSN")) or subprocess.run([str(SCRIPT), "status"], capture_output=True).returncode == 0
     try:
         dsn = local_postgres_dsn()
         with pg.connect(dsn) as conn:
@@ -95,7 +103,9 @@ def dsn() -> str:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(f"Postgres must run in CI: {e}")
         pytest.skip(f"no Postgres here ({e}); run scripts/postgres-local.sh start")
-    return dsn
+    yield dsn
+    if not was_running:
+        subprocess.run([str(SCRIPT), "stop"], capture_output=True, timeout=120)
 
 
 @pytest.fixture
