@@ -85,3 +85,14 @@ def test_kiln_distill_runs_from_the_command_line_and_refuses_to_replace_an_earli
     assert all(torch.equal(before[k], weights(out)[k]) for k in before)
     assert kiln_main([*args, "--resume"]) == 0  # already at its last iteration: exported again, unchanged
     assert all(torch.equal(before[k], weights(out)[k]) for k in before)
+
+
+def test_post_distill_weight_decay_reaches_the_students_optimiser(teacher, tmp_path):
+    """The shared runner's AdamW takes TDM's weight decay (DPO and GRPO keep 0): one iteration at a large
+    decay pulls the student's weights towards zero, beyond what the same iteration without decay does."""
+    ckpt, cfg = teacher
+    plain = weights(distill(ckpt, tmp_path / "plain", with_distill(cfg, iterations=1, weight_decay=0.0)))
+    decayed = weights(distill(ckpt, tmp_path / "decayed", with_distill(cfg, iterations=1, weight_decay=10.0)))
+    # AdamW's decoupled decay multiplies every weight by 1 - lr * weight_decay = 0.99 before its step
+    norm = lambda w: sum(float(v.float().pow(2).sum()) for v in w.values())
+    assert norm(decayed) < 0.995 * norm(plain)
