@@ -30,10 +30,16 @@ def dagster_home() -> Path:
     return home
 
 
-def job_for(select: list[str] | None, everything: bool) -> dg.JobDefinition:
-    """`main`, or an ad hoc job over the same definitions: the named assets, or every asset outside the ladder."""
+def job_for(select: list[str] | None, everything: bool, job: str | None = None) -> dg.JobDefinition:
+    """A job of the definitions (`main` by default, or `job`: post_training, training, ...), or an ad hoc job
+    over the same definitions: the named assets, or every asset."""
     from dagster_project import definitions as d
 
+    if job:
+        names = [j.name for j in d.defs.jobs if not j.name.startswith("__")]
+        if job not in names:
+            raise ConfigError(f"no job {job!r}; jobs: {', '.join(names)}")
+        return d.defs.resolve_job_def(job)
     if not select and not everything:
         return d.defs.resolve_job_def("main")
     keys = [dg.AssetKey(k) for k in select] if select else [a.key for a in d.all_assets]
@@ -51,7 +57,7 @@ def check_graph_profile(cfg) -> None:
         raise ConfigError(f"the Dagster graph was built for the ladder {built}, this run asks for {asked}: set KILN_OVERRIDES to the run's overrides before the definitions load")
 
 
-def materialize_all(overrides: list[str] | None = None, select: list[str] | None = None, everything: bool = False) -> bool:
+def materialize_all(overrides: list[str] | None = None, select: list[str] | None = None, everything: bool = False, job: str | None = None) -> bool:
     """The main job by default (raw images to an evaluated checkpoint); `select` names assets; `everything` adds the branches."""
     dagster_home()
     resource = KilnResource(overrides=list(overrides or []), data_dir=str(data_dir()))
@@ -60,7 +66,7 @@ def materialize_all(overrides: list[str] | None = None, select: list[str] | None
     check_graph_profile(cfg)
     check_source([u for u in source_uris(cfg.data.source) if u != "demo"])  # and so does a source that cannot be read
     logging.getLogger().setLevel(logging.WARNING)  # one line per asset says it (progress.py); details stay in the event log
-    result = job_for(select, everything).execute_in_process(
+    result = job_for(select, everything, job).execute_in_process(
         run_config={"resources": {"kiln": {"config": {"overrides": resource.overrides, "data_dir": resource.data_dir}}}, **QUIET_CONSOLE},
         instance=dg.DagsterInstance.get(),
         tags={"kiln/entry": "kiln run"},

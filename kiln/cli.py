@@ -230,7 +230,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from dagster_project.run import materialize_all
 
-    return 0 if materialize_all(args.overrides, select=args.select, everything=args.all) else 1
+    return 0 if materialize_all(args.overrides, select=args.select, everything=args.all, job=args.job) else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -375,6 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="materialize the whole asset graph through Dagster")
     r.add_argument("--select", nargs="*", default=None, help="asset keys (default: the main job, raw images to the evaluation)")
     r.add_argument("--all", action="store_true", help="every asset, the caption and curation-model branches too")
+    r.add_argument("--job", default=None, help="a job of the definitions instead of main: post_training, training, curation_models, caption_branch, ...")
     r.add_argument("overrides", nargs="*")
     r.set_defaults(fn=cmd_run)
 

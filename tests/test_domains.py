@@ -108,3 +108,12 @@ def test_checkpoint_merged_merges_the_domain_sfts_and_scores_each_on_every_domai
     assert (out / "heldout.json").read_text() == (data / "checkpoint" / "heldout.json").read_text()  # the base's held-out rows
     md = result.asset_materializations_for_node(MERGED)[0].metadata
     assert "| merge |" in md["scores"].value and {"merge.single", "merge.counted"} <= set(md)
+
+
+def test_kiln_run_job_runs_a_named_job_of_the_definitions():
+    from dagster_project.run import job_for
+
+    post = job_for(None, False, "post_training")
+    assert post.name == "post_training" and {MERGED, "checkpoint_single", "train_set_single", "checkpoint_student"} <= {k.to_user_string() for k in post.asset_layer.executable_asset_keys}
+    with pytest.raises(ConfigError, match="no job 'nope'; jobs: main"):
+        job_for(None, False, "nope")
