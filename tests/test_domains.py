@@ -99,7 +99,7 @@ def test_checkpoint_merged_merges_the_domain_sfts_and_scores_each_on_every_domai
     result = dg.materialize([merged_asset], resources={"kiln": KilnResource(overrides=fast, data_dir=str(data))}, instance=dg.DagsterInstance.ephemeral())
     assert result.success
     out = data / MERGED
-    verify_export(out)  # the copied records and the scores are under the folder's checksums
+    verify_export(out)  # the copied held-out ids and train state are under the folder's checksums
     a, b, merged = (load_file(str(data / d / "model.safetensors")) for d in ("checkpoint_single", "checkpoint_counted", MERGED))
     for name in merged:  # linear with no weights: the equal-weight average
         assert (merged[name] - (a[name].double() + b[name].double()).div(2).to(merged[name].dtype)).abs().max() <= 1e-6

@@ -54,6 +54,13 @@ def test_distill_trains_a_student_that_carries_its_own_sampler_settings(teacher,
     # the sampler and the evaluation read the student's settings instead of train.sample / train.eval
     assert with_sampler_settings(cfg, own).train.eval.steps == 3 and with_sampler_settings(cfg, own).train.sample.cfg_scale == 1.0
     assert (sample_to_dir(out, tmp_path / "samples", cfg)).exists()
+    # the sampler settings are under the export's checksums: an edited sampler.json is caught before use
+    from training.checkpoint import verify_export
+    from training.manifest import CheckpointCorrupt
+
+    (out / "sampler.json").write_text((out / "sampler.json").read_text().replace('"steps": 3', '"steps": 30'))
+    with pytest.raises(CheckpointCorrupt, match="sampler.json"):
+        verify_export(out)
 
 
 def test_a_killed_distillation_resumes_to_the_weights_of_an_uninterrupted_one(teacher, tmp_path):

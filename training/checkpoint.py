@@ -19,7 +19,7 @@ from training.data import DataPosition
 
 STATE_FILE = "train_state.json"
 MANIFEST = "checksums.json"
-EXPORT_FILES = ("config.json", "model.safetensors", STATE_FILE, "train_data.json", "heldout.json")
+EXPORT_FILES = ("config.json", "model.safetensors", STATE_FILE, "train_data.json", "heldout.json", "sampler.json")  # what sampling and evaluation read
 
 
 @dataclass(frozen=True)

@@ -72,5 +72,5 @@ def merge_domains(base: Path, sources: dict[str, Path], out: Path, cfg: KilnConf
     table["base"] = domain_scores(base, cfg)
     table["merge"] = search["candidates"][search["kept"]]["scores"]
     (out / "domain_scores.json").write_text(json.dumps(table, indent=2, sort_keys=True) + "\n")
-    write_export_manifest(out)  # the copied records and the scores are covered by the folder's checksums
+    write_export_manifest(out)  # the copied held-out ids and train state are under the folder's checksums (EXPORT_FILES)
     return {"scores": table, "search": search}
