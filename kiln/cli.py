@@ -193,6 +193,32 @@ def cmd_grpo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_expander(args: argparse.Namespace) -> int:
+    """`kiln expander-sft` and `kiln expander-rl` (docs/expander.md); --evaluate writes OUT/expander_eval.json."""
+    import json
+
+    from training.expander import read_pairs, train_sft
+    from training.expander_eval import evaluate_expander
+    from training.expander_rl import train_rl
+
+    cfg = _cfg(args.overrides)
+    checkpoint = Path(args.checkpoint) if args.checkpoint else None
+    try:
+        if args.fn_name == "sft":
+            out = train_sft(read_pairs(Path(args.pairs)), Path(args.out), cfg, resume=args.resume)
+        else:
+            out = train_rl(Path(args.sft), checkpoint, Path(args.out), cfg, resume=args.resume)
+    except (FileNotFoundError, ValueError) as e:  # a missing model or input: one plain message
+        print(f"kiln: {e}", file=sys.stderr)
+        return 1
+    if args.evaluate:
+        report = evaluate_expander(out, checkpoint, cfg)
+        (out / "expander_eval.json").write_text(json.dumps(report, indent=2) + "\n")
+        print(json.dumps({k: v for k, v in report.items() if k != "examples"}, sort_keys=True))
+    print(f"expander: {out}")
+    return 0
+
+
 def cmd_style_train(args: argparse.Namespace) -> int:
     from training.style_eval import evaluate_style_checkpoint
     from training.style_train import style_train
@@ -364,6 +390,19 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--evaluate", action="store_true", help="then score transfer accuracy and leakage per strength (OUT/style_eval.json)")
     st.add_argument("overrides", nargs="*")
     st.set_defaults(fn=cmd_style_train)
+
+    for name, what in (("sft", "fine-tune a causal LM on the user prompts (expander.*)"), ("rl", "GDPO on the SFT expander with faithfulness, image and diversity rewards")):
+        ex = sub.add_parser(f"expander-{name}", help=f"prompt expander: {what} (docs/expander.md)")
+        if name == "sft":
+            ex.add_argument("--pairs", required=True, help="the user_prompts output folder")
+        else:
+            ex.add_argument("--sft", required=True, help="the expander-sft output folder")
+        ex.add_argument("--checkpoint", default=None, help="the DiT that draws expansions (RL's image and diversity rewards, --evaluate)")
+        ex.add_argument("--out", required=True)
+        ex.add_argument("--resume", action="store_true", help="continue from OUT's newest DCP checkpoint")
+        ex.add_argument("--evaluate", action="store_true", help="then evaluate on the held-out prompts (OUT/expander_eval.json)")
+        ex.add_argument("overrides", nargs="*")
+        ex.set_defaults(fn=cmd_expander, fn_name=name)
 
     ds = sub.add_parser("distill", help="TDM few-step distillation of a checkpoint into a student sampled without CFG (post.distill.*)")
     ds.add_argument("--checkpoint", required=True, help="the teacher checkpoint folder")

@@ -139,3 +139,70 @@ def test_a_real_expander_without_its_model_folder_fails_before_any_work(tmp_path
     ):
         train_sft(PAIRS, tmp_path / "sft", cfg)
     assert not (tmp_path / "sft").exists()
+
+
+def test_kiln_expander_sft_trains_from_the_user_prompts_folder(tmp_path, capsys):
+    import pyarrow as pa
+
+    from kiln.cli import main
+    from kiln.schemas import PROMPT_PAIRS
+    from kiln.stage import run_stage, write_shards
+
+    pairs = pa.table(
+        {
+            "id": [p["id"] for p in PAIRS],
+            "prompt": [p["prompt"] for p in PAIRS],
+            "target": [p["target"] for p in PAIRS],
+            "dropped": ['["x"]'] * len(PAIRS),
+        },
+        schema=PROMPT_PAIRS,
+    )
+    write_shards([pairs], tmp_path / "pairs", PROMPT_PAIRS)
+    run_stage(
+        "user_prompts",
+        tmp_path / "pairs",
+        tmp_path / "user_prompts",
+        load_config([]),
+        workers=0,
+    )
+    over = [
+        "expander.tiny_hidden=16",
+        "expander.tiny_heads=2",
+        "expander.tiny_layers=1",
+        "expander.sft_steps=2",
+        "expander.sft_batch=2",
+    ]
+    assert (
+        main(
+            [
+                "expander-sft",
+                "--pairs",
+                str(tmp_path / "user_prompts"),
+                "--out",
+                str(tmp_path / "sft"),
+                *over,
+            ]
+        )
+        == 0
+    )
+    assert (tmp_path / "sft" / "config.json").exists() and (
+        tmp_path / "sft" / "expander.json"
+    ).exists()
+    assert (
+        main(
+            [
+                "expander-sft",
+                "--pairs",
+                str(tmp_path / "user_prompts"),
+                "--out",
+                str(tmp_path / "real"),
+                "expander.base=path",
+            ]
+        )
+        == 1
+    )
+    assert (
+        "expander.path: the expander's causal LM folder is not set"
+        in capsys.readouterr().err
+        and not (tmp_path / "real").exists()
+    )
