@@ -64,4 +64,4 @@ def test_a_failing_slurm_training_job_fails_the_checkpoint_with_its_log_tail(slu
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     info = failure.step_failure_data.user_failure_data
     assert "slurm job" in info.description and "FAILED" in info.description
-    assert "FileNotFoundError: no Parquet shards" in info.metadata["log_tail"].value
+    assert "MissingInput: no Parquet shards" in info.metadata["log_tail"].value  # the trainer's own error, from the job's log
