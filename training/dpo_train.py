@@ -86,8 +86,6 @@ def dpo(checkpoint: Path, pairs: Path, out: Path, cfg: KilnConfig, resume: bool 
                 record["guard"] = warning
                 if run.ranks.rank == 0:
                     log.warning("dpo: %s", warning)
-            run.append(record)
-            if done % post.save_every == 0 or done == end:
-                run.save(done)
+            run.step_done(record, done, post.save_every, end)
         record = {"from": str(checkpoint), "pairs": str(pairs), "rows": table.num_rows, "source": source, "steps": end, "guard_fired_at": guard.fired_at, "post": post.model_dump(mode="json")}
         return run.export(checkpoint, record)

@@ -115,10 +115,8 @@ def grpo(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = False, sto
                 "grad_norm": grad_norm,
                 "seconds": round(time.perf_counter() - t0, 3),
             }
-            run.append(record)
             done = it + 1
-            if done % post.save_every == 0 or done == end:
-                run.save(done)
+            run.step_done(record, done, post.save_every, end)
             if run.ranks.rank == 0:
                 log.info("grpo %d: reward %.3f kl %.4f clipped %.2f", done, record["reward"], record["kl"], record["clipped"])
         return run.export(checkpoint, {"from": str(checkpoint), "iterations": end, "post": post.model_dump(mode="json"), "prompts": len(prompts)})

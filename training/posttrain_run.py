@@ -119,6 +119,12 @@ class PostRun:
     def save(self, step: int) -> None:
         self.ckpt.save(self.policy, self.opt, RunState(step, DataPosition()))
 
+    def step_done(self, record: dict, done: int, save_every: int, end: int) -> None:
+        """The end of every loop's step: its history line, and a checkpoint every `save_every` steps and at the end."""
+        self.append(record)
+        if done % save_every == 0 or done == end:
+            self.save(done)
+
     def export(self, checkpoint: Path, record: dict) -> Path:
         """The single-process checkpoint folder in `out` (what sampling, evaluation and the next stage read):
         weights gathered to the canonical layout, the start's train_state.json, `<kind>.json`, checksums last."""

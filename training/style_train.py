@@ -113,9 +113,7 @@ def style_train(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = Fal
             run.opt.step()
             done = step + 1
             (loss_sum,) = run.all_sum([loss.item() * len(rows)])
-            run.append({"step": done, "loss": loss_sum / B, "grad_norm": grad_norm})
-            if done % style.save_every == 0 or done == end:
-                run.save(done)
+            run.step_done({"step": done, "loss": loss_sum / B, "grad_norm": grad_norm}, done, style.save_every, end)
             if run.ranks.rank == 0 and done % max(1, style.save_every) == 0:
                 log.info("style %d: loss %.4f", done, loss_sum / B)
         record = {"from": str(checkpoint), "steps": end, "style": style.model_dump(mode="json"), "reference": policy.cfg.reference.model_dump(mode="json")}

@@ -196,10 +196,8 @@ def distill(teacher_ckpt: Path, out: Path, cfg: KilnConfig, resume: bool = False
         for it in progress(range(run.start, end), desc="tdm", unit="iter", total=end - run.start):
             t0 = time.perf_counter()
             record = {"iteration": it + 1, **iteration(d, it, cfg), "seconds": round(time.perf_counter() - t0, 3)}
-            run.append(record)
             done = it + 1
-            if done % tdm.save_every == 0 or done == end:
-                run.save(done)
+            run.step_done(record, done, tdm.save_every, end)
             if run.ranks.rank == 0:
                 log.info("tdm %d: fake loss %.4f, student loss %.4f, teacher gap %.4f", done, record["fake_loss"], record["student_loss"], record["teacher_gap"])
         if run.ranks.rank == 0:  # before the export, whose checksums mark the folder complete
