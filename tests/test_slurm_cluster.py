@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from kiln.config import load_config
 from kiln.stage import run_stage
 from slurm.arrays import run_stage_array
-from slurm.jobs import SlurmJobFailed, submit, submit_and_wait, watch
+from slurm.jobs import SlurmJobFailed, current_state, log_tail, submit, submit_and_wait, watch
 from slurm.launcher import TaskSpec
 from slurm.selftest import CHECKPOINT, reference_sgd
 from slurm.state import query_states
@@ -84,18 +84,26 @@ def _checkpoint_step(path: Path) -> int:
         return int(f.metadata()["step"])
 
 
-def _wait_until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
+def _wait_until(predicate, timeout_s: float, what: str, job=None) -> None:
+    """Poll `predicate`; with a `job`, stop as soon as it ends without it, and say why in either failure
+    (its Slurm state and reason, and its log tail): a timeout alone does not tell a slow job from a dead one."""
+    deadline, next_check = time.monotonic() + timeout_s, 0.0
     while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+        now = time.monotonic()
+        if job is not None and now >= next_check:
+            state, next_check = current_state(job), now + 2.0
+            if state.terminal:
+                raise AssertionError(f"job {job.job_id} ended {state.state} before {what}\n{log_tail(job)}")
+        if now > deadline:
+            why = "" if job is None else f": job {job.job_id} is {current_state(job).state} ({current_state(job).reason})\n{log_tail(job)}"
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}{why}")
         time.sleep(0.2)
 
 
 def test_a_preempted_job_is_requeued_and_resumes_from_its_checkpoint(cfg, tmp_path):
     out = tmp_path / "run"
     job = submit(TaskSpec("slurm.selftest:allreduce_sgd", (str(out),), {"steps": 12, "step_sleep_s": 0.25}), cfg, log=quiet)
-    _wait_until(lambda: _checkpoint_step(out / CHECKPOINT) >= 3, 120, "three checkpointed steps")
+    _wait_until(lambda: _checkpoint_step(out / CHECKPOINT) >= 3, 300, "three checkpointed steps", job)
     job._interrupt()  # what Slurm sends before preemption: SIGTERM, then USR2
     # Slurm holds a requeued job back for two minutes (BeginTime); let it start again now
     _wait_until(lambda: query_states([job.job_id]).get(job.job_id).state == "PENDING", 60, "the requeue")
@@ -123,7 +131,7 @@ def test_a_preempted_training_job_resumes_from_dcp_to_the_uninterrupted_run(cfg,
     one_gpu = cfg.cluster.model_copy(update={"partition": "gpu", "gpus_per_node": 1})
     out = tmp_path / "job"
     job = submit(train_task(data, out), run.model_copy(update={"cluster": one_gpu}), log=quiet)
-    _wait_until(lambda: any(int(d.name.split("-")[1]) >= 8 for d in complete_checkpoints(out)), 180, "two checkpoints")
+    _wait_until(lambda: any(int(d.name.split("-")[1]) >= 8 for d in complete_checkpoints(out)), 300, "two checkpoints", job)
     job._interrupt()  # SIGTERM then USR2, as before a preemption: submitit requeues the job
     _wait_until(lambda: query_states([job.job_id]).get(job.job_id).state == "PENDING", 60, "the requeue")
     subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=True, timeout=30)
