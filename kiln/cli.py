@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
+
+from kiln.stage_names import add_stage_argument
 
 
 def _cfg(overrides: list[str]):
@@ -259,7 +262,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if materialize_all(args.overrides, select=args.select, everything=args.all, job=args.job) else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; `command`: the subcommand asked for, whose deferred parser (DEFERRED) is loaded."""
     p = argparse.ArgumentParser(prog="kiln", description="raw images -> curated datasets -> a trained, evaluated DiT")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -323,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     dv.set_defaults(fn=cmd_dvc)
 
     s = sub.add_parser("stage", help="run one data stage: Parquet in, kept + rejected Parquet out (on cluster.executor)")
-    s.add_argument("name")
+    add_stage_argument(s, "name")
     s.add_argument("--input", required=True)
     s.add_argument("--output", required=True, help="a new folder, or an earlier kiln stage output (it carries .kiln-output) to replace")
     s.add_argument("--overwrite", action="store_true", help="replace an output folder that holds files kiln did not write (never the input)")
@@ -426,24 +430,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_warehouse(sub)
 
-    from assets.cluster import add_review_parser
-
-    add_review_parser(sub)
-
-    from training.annotate import add_parser as add_annotate
-
-    add_annotate(sub)
+    for name, (module, adder, help) in DEFERRED.items():
+        if name == command:
+            getattr(importlib.import_module(module), adder)(sub)
+        else:
+            sub.add_parser(name, help=help)  # listed in `kiln --help`; its own parser loads when it is the command
+    _overrides_not_required(p)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    from assets.source import SourceError
-    from kiln.config import ConfigError
-    from kiln.errors import UserError
-    from kiln.progress import setup_logging
+# Subcommands whose parsers live in heavy modules (numpy, duckdb, torch): name -> (module, parser adder, help).
+DEFERRED = {
+    "review": ("assets.cluster", "add_review_parser", "list clusters flagged for review, or approve / reject one"),
+    "annotate": ("training.annotate", "add_parser", "label preference pairs in a local page (human calibration), or --export the labels as human pairs"),
+}
 
-    setup_logging()
-    parser = build_parser()
+
+def _overrides_not_required(parser: argparse.ArgumentParser) -> None:
+    """argparse counts a `nargs="*"` positional as required, so a missing STAGE was reported as "overrides is
+    required" too; Hydra overrides are always optional."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sp in action.choices.values():
+                _overrides_not_required(sp)
+        elif action.nargs == "*" and not action.option_strings:
+            action.required = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(next((a for a in argv if not a.startswith("-")), None))
     # Hydra overrides (key=value, +key=value, ~key) may come before or after the options.
     args, extra = parser.parse_known_args(argv)
     bad = [a for a in extra if a.startswith("-") or ("=" not in a and not a.startswith("~"))]
@@ -451,6 +467,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(bad)}")
     if extra:
         args.overrides = [*getattr(args, "overrides", []), *extra]
+
+    from assets.source import SourceError  # after parsing: `kiln --help` and usage errors load none of this
+    from kiln.config import ConfigError
+    from kiln.errors import UserError
+    from kiln.progress import setup_logging
+
+    setup_logging()
     try:
         return args.fn(args)
     except (ConfigError, SourceError, UserError) as e:  # the user's mistake: one line; anything else is a bug

@@ -40,27 +40,7 @@ from kiln.outputs import (
 )
 from kiln.progress import log, progress
 from kiln.schemas import REJECTED, check_schema
-
-# Stage name -> module that defines `STAGE`. Imported lazily so `kiln --help` stays fast.
-STAGE_MODULES = {
-    "ingest": "assets.ingest",
-    "filter": "assets.filters",
-    "dedup": "assets.dedup",
-    "caption": "assets.caption",
-    "ocr": "assets.ocr",
-    "text_filter": "assets.ocr_filter",
-    "caption_ocr": "assets.captioners",
-    "rewrite": "assets.rewrite",
-    "prompt_pairs": "assets.prompt_pairs",
-    "user_prompts": "assets.user_prompts",
-    "pack": "assets.pack",
-    # curation stage 2, a branch on the dedup output: embed -> classify -> sae -> cluster -> semdedup
-    "embed": "assets.embed",
-    "classify": "assets.classify",
-    "sae": "assets.sae",
-    "cluster": "assets.cluster",
-    "semdedup": "assets.semdedup",
-}
+from kiln.stage_names import STAGE_MODULES  # name -> module defining `STAGE`, kept light for the CLI
 
 
 @dataclass(frozen=True)

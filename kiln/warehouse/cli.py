@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from kiln.stage_names import add_stage_argument
+
 
 def run_map(
     stage: str, input_dir: Path, output: Path, cfg, dsn: str | None, workers: int, table: str | None = None, log=print, slurm_workers: int = 0,
@@ -98,7 +100,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     m = subparsers.add_parser("map", help="run a shard-scope stage over the warehouse queue (Postgres or embedded)")
-    m.add_argument("stage")
+    add_stage_argument(m)
     m.add_argument("--input", required=True)
     m.add_argument("--output", required=True)
     m.add_argument("--dsn", default=None, help="Postgres DSN (default: the embedded warehouse, no server)")
@@ -111,7 +113,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     m.set_defaults(fn=cmd_map)
 
     w = subparsers.add_parser("watch", help="attach to a running map job and show its progress")
-    w.add_argument("stage")
+    add_stage_argument(w)
     w.add_argument("--table", default=None, help="the table `kiln map` named in its first line (default: the one job of this stage)")
     w.add_argument("--dsn", default=None)
     w.set_defaults(fn=cmd_watch, overrides=[])
