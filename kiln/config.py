@@ -429,11 +429,22 @@ class ModelConfig(Strict):
     autoencoder: Literal["pixel", "kl"] = "pixel"
     autoencoder_path: str | None = Field(None, description="diffusers AutoencoderKL folder (autoencoder=kl)")
     latent_cache_dir: str | None = Field(None, description="cache autoencoder latents here")
-    modulation: Literal["light", "adaln"] = "light"
+    modulation: Literal["light", "adaln", "none"] = Field("light", description="light: shared projection + per-block bias; adaln: per-block projection; none: the timestep enters only as timestep_tokens (docs/ablations.md)")
     timestep_tokens: int = Field(0, ge=0, le=1024, description="timestep tokens prepended to the sequence; 0 = off")
     pad_to_multiple: int = Field(64, ge=1, le=MAX_TOKENS, description="pad the token sequence to a multiple of this (fixed shapes)")
+    kv_heads: int | None = Field(None, ge=1, le=1024, description="key/value heads (= heads: MHA, fewer: GQA; must divide heads); None = the size's")
+    attention_gate: bool = Field(True, description="sigmoid output gate on attention (Gated Attention)")
+    qk_norm: bool = Field(True, description="RMSNorm on each head's queries and keys")
+    rope_fraction: float = Field(1.0, ge=0, le=1, description="share of each head's dims that RoPE rotates (partial RoPE); 1 = all")
+    mlp: Literal["swiglu", "gelu"] = Field("swiglu", description="swiglu: the size's 2/3-adjusted hidden width; gelu: 4 x width hidden (the same FLOPs)")
     text_encoder: TextEncoderConfig = TextEncoderConfig()
     reference: ReferenceConfig = ReferenceConfig()
+
+    @model_validator(mode="after")
+    def _timestep_has_a_way_in(self) -> ModelConfig:
+        if self.modulation == "none" and self.timestep_tokens == 0:
+            raise PairError("modulation=none needs timestep_tokens > 0: without modulation the timestep enters only as tokens", "modulation", "timestep_tokens")
+        return self
 
 
 # ---------------------------------------------------------------------------------------------- train
@@ -442,6 +453,7 @@ class SampleConfig(Strict):
     cfg_scale: float = Field(3.0, ge=0, le=100)
     seed: Seed = 0
     n_per_prompt: int = Field(4, ge=1, le=10000)
+    shift: float | None = Field(None, gt=0, le=100, description="inference timestep shift; None = the training shift at the sampled resolution")
 
 
 class EvalConfig(Strict):
@@ -470,6 +482,7 @@ class OptimConfig(Strict):
     muon_momentum: float = Field(0.95, ge=0, lt=1)
     muon_nesterov: bool = True
     muon_ns_steps: int = Field(5, ge=1, le=100, description="Newton-Schulz iterations")
+    adam_eps: float = Field(1e-8, gt=0, le=1e-2, description="AdamW's epsilon (the denominator floor)")
 
 
 class RepaConfig(Strict):
@@ -481,6 +494,19 @@ class RepaConfig(Strict):
     steps: int = Field(0, ge=0, le=MAX_STEPS, description="REPA is on for the first `steps` optimiser steps; 0 = the whole run")
     projector: Literal["mlp", "conv"] = Field("mlp", description="mlp: REPA; conv: iREPA (conv projector + spatial normalisation)")
     hidden: int = Field(256, ge=1, le=2**18, description="projector hidden width")
+
+
+class RouteConfig(Strict):
+    """TREAD-style token routing, training only: a random share of the image tokens skips blocks [start, end)."""
+
+    frac: float = Field(0.0, ge=0, lt=1, description="share of image tokens that skip the span; 0 = off")
+    start: int = Field(1, ge=0, le=1024, description="first block the routed tokens skip")
+    end: int = Field(2, ge=1, le=1024, description="the block where they rejoin (exclusive end of the span; at most the depth)")
+
+    @model_validator(mode="after")
+    def _span(self) -> RouteConfig:
+        check_order("start", self.start, "end", self.end, strict=True)
+        return self
 
 
 class DCPConfig(Strict):
@@ -532,11 +558,20 @@ class TrainConfig(Strict):
     mix: str | None = Field(None, description="the dataset mix this stage trains on (assets.mixes: pretrain, midtrain, sft); None = every packed row")
     pma_k: int = Field(0, ge=0, le=10000, description="average the last K step checkpoints into a PMA checkpoint after this stage; 0 = none")
     nonfinite_skip: int = Field(0, ge=0, le=1000, description="steps with a non-finite loss or grad norm skipped (no update) before the run stops; 0 = stop at the first")
+    ema_decay: float = Field(0.0, ge=0, lt=1, description="keep an EMA of the weights with this decay (in the DCP checkpoints); 0 = none")
+    final_weights: Literal["last", "ema", "pma"] = Field("last", description="what model.safetensors holds: the last step's weights, the EMA (ema_decay > 0) or the PMA of the last pma_k step checkpoints")
+    route: RouteConfig = RouteConfig()
 
     @model_validator(mode="after")
     def _pairs_in_order(self) -> TrainConfig:
         check_order("timestep_shift", self.timestep_shift, "timestep_max_shift", self.timestep_max_shift)  # more tokens, more noise
         check_order("pma_k", self.pma_k, "dcp.keep", self.dcp.keep)  # PMA averages step checkpoints the run kept
+        if self.final_weights == "ema" and self.ema_decay == 0:
+            raise PairError("final_weights=ema needs ema_decay > 0", "final_weights", "ema_decay")
+        if self.final_weights == "pma" and self.pma_k == 0:
+            raise PairError("final_weights=pma needs pma_k > 0", "final_weights", "pma_k")
+        if self.route.frac > 0 and self.parallel.sequence_parallel:
+            raise PairError("route.frac > 0 changes the sequence length between blocks: not with parallel.sequence_parallel", "route.frac", "parallel.sequence_parallel")
         return self
 
 

@@ -100,3 +100,24 @@ class SwiGLU(nn.Module):
 
     def flops_per_token(self) -> int:
         return 2 * self.gate_up.in_features * self.gate_up.out_features + 2 * self.down.in_features * self.down.out_features
+
+
+def gelu_hidden(width: int, ratio: float = 4.0) -> int:
+    """The classic 4x GELU width: 2 * width * 4w * 2 matmuls = 16 w^2 FLOPs per token, what the 2/3-adjusted
+    SwiGLU (`swiglu_hidden`: three w x 8w/3 matmuls) also costs, so the two MLPs compare at equal compute."""
+    return int(ratio * width)
+
+
+class GeluMLP(nn.Module):
+    """up -> GELU (tanh approximation) -> down: the MLP of the original DiT, the SwiGLU ablation's baseline."""
+
+    def __init__(self, width: int, hidden: int):
+        super().__init__()
+        self.up = nn.Linear(width, hidden, bias=False)
+        self.down = nn.Linear(hidden, width, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+    def flops_per_token(self) -> int:
+        return 2 * self.up.in_features * self.up.out_features + 2 * self.down.in_features * self.down.out_features

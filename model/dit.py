@@ -3,7 +3,10 @@
 Block: x += gate_a * Attn(mod(norm(x))); x += gate_m * SwiGLU(mod(norm(x))), where mod(h) = h*(1+scale)+shift.
 Modulation ("light", the default): one timestep projection shared by all blocks gives shift/scale/gate
 vectors and each block adds its own learned bias; "adaln" gives every block its own projection (DiT's
-adaLN). Both start at zero, so every block (and the output) is the identity / zero at initialisation.
+adaLN); "none" has no modulation at all (affine norms, like the text refiner): the timestep then enters only
+as `timestep_tokens` in the sequence. All start closed, so every block (and the output) is the identity /
+zero at initialisation. The ablation knobs (kv_heads, the gate, QK-norm, partial RoPE, the MLP type, token
+routing) are described in docs/ablations.md.
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.attention import Attention, SwiGLU, attention_bias
+from model.attention import Attention, GeluMLP, SwiGLU, attention_bias
 from model.norms import RMSNorm
 from model.rope import image_positions, rope_angles
 
 if TYPE_CHECKING:
     from model.reference import ReferenceTokens
+    from model.routing import TokenRoute
 
 
 @dataclass(frozen=True)
@@ -35,12 +39,18 @@ class DiTConfig:
     mlp_hidden: int
     patch_size: int = 2
     in_channels: int = 3
-    modulation: Literal["light", "adaln"] = "light"
+    modulation: Literal["light", "adaln", "none"] = "light"
     timestep_tokens: int = 0
     pad_to_multiple: int = 64
     rope_theta: float = 10_000.0
     qk_norm: bool = True
     gated_attention: bool = True
+    rope_fraction: float = 1.0  # share of each head's dims RoPE rotates
+    mlp: Literal["swiglu", "gelu"] = "swiglu"
+
+    def __post_init__(self) -> None:
+        if self.modulation == "none" and not self.timestep_tokens:
+            raise ValueError("modulation='none' needs timestep_tokens > 0: the timestep would not reach the model")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -96,7 +106,8 @@ class AdaLNModulation(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block. modulation=None (text refiner): the output projections start at zero."""
+    """Pre-norm transformer block. modulation=None (text refiner, or the DiT's modulation "none"): affine
+    norms, and the output projections start at zero."""
 
     def __init__(
         self,
@@ -107,13 +118,14 @@ class Block(nn.Module):
         modulation: Literal["light", "adaln"] | None,
         qk_norm: bool = True,
         gated_attention: bool = True,
+        mlp: Literal["swiglu", "gelu"] = "swiglu",
     ):
         super().__init__()
         affine = modulation is None
         self.norm1 = RMSNorm(width, affine=affine)
         self.attn = Attention(width, heads, kv_heads, qk_norm=qk_norm, gated=gated_attention)
         self.norm2 = RMSNorm(width, affine=affine)
-        self.mlp = SwiGLU(width, mlp_hidden)
+        self.mlp = {"swiglu": SwiGLU, "gelu": GeluMLP}[mlp](width, mlp_hidden)
         kinds = {"light": LightModulation, "adaln": AdaLNModulation}
         self.modulation = kinds[modulation](width) if modulation is not None else None
 
@@ -164,12 +176,14 @@ class DiT(nn.Module):
         self.time_embed = nn.Sequential(nn.Linear(256, w), nn.SiLU(), nn.Linear(w, w))
         self.shared_modulation = nn.Linear(w, 6 * w, bias=False) if cfg.modulation == "light" else None
         self.timestep_tokens = nn.Linear(w, cfg.timestep_tokens * w) if cfg.timestep_tokens else None
+        block_modulation = None if cfg.modulation == "none" else cfg.modulation
         self.blocks = nn.ModuleList(
-            Block(w, cfg.heads, cfg.kv_heads, cfg.mlp_hidden, cfg.modulation, cfg.qk_norm, cfg.gated_attention)
+            Block(w, cfg.heads, cfg.kv_heads, cfg.mlp_hidden, block_modulation, cfg.qk_norm, cfg.gated_attention, cfg.mlp)
             for _ in range(cfg.depth)
         )
-        self.final_norm = RMSNorm(w, affine=False)
-        self.final_modulation = nn.Linear(w, 2 * w)
+        modulated = cfg.modulation != "none"
+        self.final_norm = RMSNorm(w, affine=not modulated)
+        self.final_modulation = nn.Linear(w, 2 * w) if modulated else None
         self.final = nn.Linear(w, cfg.in_channels * p * p)
         self.init_weights()
 
@@ -193,7 +207,10 @@ class DiT(nn.Module):
             nn.init.zeros_(self.timestep_tokens.bias)
         for block in self.blocks:
             block.init_weights()
+        self.final_norm.reset_parameters()  # affine only under modulation 'none'
         for m in (self.final_modulation, self.final):
+            if m is None:
+                continue
             nn.init.zeros_(m.weight)
             nn.init.zeros_(m.bias)
 
@@ -212,11 +229,12 @@ class DiT(nn.Module):
         if refs is not None:  # after the patches, each reference in its own frame
             ref_pos = refs.positions().to(device)
             pos[prefix + hp * wp : prefix + hp * wp + len(ref_pos)] = ref_pos
-        return rope_angles(pos, self.cfg.width // self.cfg.heads, self.cfg.rope_theta)
+        return rope_angles(pos, self.cfg.width // self.cfg.heads, self.cfg.rope_theta, self.cfg.rope_fraction)
 
-    def forward(self, x: Tensor, t: Tensor, text: Tensor, text_mask: Tensor, refs: ReferenceTokens | None = None) -> Tensor:
+    def forward(self, x: Tensor, t: Tensor, text: Tensor, text_mask: Tensor, refs: ReferenceTokens | None = None, route: TokenRoute | None = None) -> Tensor:
         """`refs`: style-reference tokens (model/reference.py), appended after the patches with the logit
-        bias log(strength) on their keys; None computes exactly what the DiT computes without the pathway."""
+        bias log(strength) on their keys; None computes exactly what the DiT computes without the pathway.
+        `route` (training only, model/routing.py): the image tokens that skip blocks [route.start, route.end)."""
         b, _, h, w = x.shape
         p, k, text_len = self.cfg.patch_size, self.cfg.timestep_tokens, text.shape[1]
         hp, wp = h // p, w // p
@@ -246,13 +264,36 @@ class DiT(nn.Module):
             key_mask[:, 0, 0, first : first + n_ref] += refs.key_bias(seq.dtype)
         rope = self._rope(text_len, hp, wp, seq_len, x.device, refs)
         shared = self.shared_modulation(c).view(b, 6, -1) if self.shared_modulation is not None else None
-        for block in self.blocks:
-            seq = block(seq, rope, key_mask, shared, c)
         start = text_len + k
+        if route is None:
+            for block in self.blocks:
+                seq = block(seq, rope, key_mask, shared, c)
+        else:
+            seq = self._routed_blocks(seq, rope, key_mask, shared, c, route, start)
         out = self.final_norm(seq[:, start : start + hp * wp])
-        shift, scale = self.final_modulation(c).unsqueeze(1).chunk(2, dim=-1)
-        out = self.final(out * (1 + scale) + shift)
+        if self.final_modulation is not None:
+            shift, scale = self.final_modulation(c).unsqueeze(1).chunk(2, dim=-1)
+            out = out * (1 + scale) + shift
+        out = self.final(out)
         return unpatchify(out, p, self.cfg.in_channels, h, w).to(x.dtype)
+
+    def _routed_blocks(self, seq: Tensor, rope: tuple[Tensor, Tensor], key_mask: Tensor, shared: Tensor | None, c: Tensor, route: TokenRoute, image_start: int) -> Tensor:
+        """The blocks with `route`'s image tokens leaving before block route.start and rejoining, as they
+        left, after block route.end - 1 (TREAD)."""
+        if not 0 <= route.start < route.end <= self.cfg.depth:
+            raise ValueError(f"token route blocks [{route.start}, {route.end}) are not inside the DiT's {self.cfg.depth} blocks (train.route.start / end)")
+        keep = route.kept_positions(seq.shape[1], image_start, seq.device)
+        for i, block in enumerate(self.blocks):
+            if i == route.start:
+                full, seq = seq, seq.index_select(1, keep)
+                sub_rope, sub_mask = (rope[0][keep], rope[1][keep]), key_mask.index_select(3, keep)
+            if route.start <= i < route.end:
+                seq = block(seq, sub_rope, sub_mask, shared, c)
+            else:
+                seq = block(seq, rope, key_mask, shared, c)
+            if i == route.end - 1:
+                seq = full.index_copy(1, keep, seq)
+        return seq
 
     def flops_per_sample(self, text_len: int, height: int, width: int) -> int:
         """Forward FLOPs of one sample (matmuls and attention; norms and activations are negligible)."""

@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from kiln.config import ModelConfig
+from model.attention import gelu_hidden
 from model.autoencoder import KLAutoencoder, PixelAutoencoder, build_autoencoder
 from model.dit import DiT, DiTConfig
 from model.reference import ReferenceBatch, ReferencePathway
@@ -25,19 +26,26 @@ FORMAT = "kiln-generator/1"
 
 
 def resolve_dit_config(cfg: ModelConfig, in_channels: int | None = None) -> DiTConfig:
-    """ModelConfig + the size registry -> the DiT's full shape."""
+    """ModelConfig + the size registry -> the DiT's full shape (the ablation knobs override the size's)."""
     size = get_size(cfg.size)
+    kv_heads = size.kv_heads if cfg.kv_heads is None else cfg.kv_heads
+    if size.heads % kv_heads:
+        raise ValueError(f"model.kv_heads={kv_heads} does not divide the {cfg.size} size's {size.heads} heads")
     return DiTConfig(
         width=size.width,
         depth=size.depth,
         heads=size.heads,
-        kv_heads=size.kv_heads,
-        mlp_hidden=size.mlp_hidden,
+        kv_heads=kv_heads,
+        mlp_hidden=size.mlp_hidden if cfg.mlp == "swiglu" else gelu_hidden(size.width),
         patch_size=cfg.patch_size,
         in_channels=in_channels if in_channels is not None else cfg.in_channels,
         modulation=cfg.modulation,
         timestep_tokens=cfg.timestep_tokens,
         pad_to_multiple=cfg.pad_to_multiple,
+        qk_norm=cfg.qk_norm,
+        gated_attention=cfg.attention_gate,
+        rope_fraction=cfg.rope_fraction,
+        mlp=cfg.mlp,
     )
 
 
@@ -96,15 +104,17 @@ class Generator(nn.Module):
         return TextBatch(self._null.hidden.expand(batch, -1, -1, -1), self._null.mask.expand(batch, -1))
 
     # ------------------------------------------------------------------------------------------ model
-    def forward(self, x: Tensor, t: Tensor, text: TextBatch, refs: ReferenceBatch | None = None) -> Tensor:
+    def forward(self, x: Tensor, t: Tensor, text: TextBatch, refs: ReferenceBatch | None = None, route=None) -> Tensor:
         """Predicted velocity (eps - x0) for x [B, C, H, W] at times t [B] given the text (and style
-        references with their strengths, from `encode_references`)."""
+        references with their strengths, from `encode_references`). `route`: training's token routing
+        (model/routing.py), None = every token through every block."""
         tokens, mask = self.text_fusion(text.to(x.device))
+        extra = {"route": route} if route is not None else {}
         if refs is None:
-            return self.dit(x, t, tokens, mask)
+            return self.dit(x, t, tokens, mask, **extra)
         if self.reference is None:
             raise ValueError("this generator has no reference pathway (model.reference.enabled is false)")
-        return self.dit(x, t, tokens, mask, self.reference(refs.to(x.device)))
+        return self.dit(x, t, tokens, mask, self.reference(refs.to(x.device)), **extra)
 
     def encode_references(self, images, strengths) -> ReferenceBatch:
         """Per sample a list of uint8 [H, W, 3] reference images and their strengths in [0, 1] -> the

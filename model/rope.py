@@ -27,17 +27,29 @@ def image_positions(frames: int, height: int, width: int) -> Tensor:
     return torch.stack([f, h, w], dim=-1).reshape(-1, 3)
 
 
-def rope_angles(positions: Tensor, head_dim: int, theta: float = 10_000.0) -> tuple[Tensor, Tensor]:
+def rotated_dims(head_dim: int, fraction: float = 1.0) -> int:
+    """How many of a head's channels partial RoPE rotates: fraction * head_dim, rounded to whole pairs."""
+    return 2 * round(fraction * head_dim / 2)
+
+
+def rope_angles(positions: Tensor, head_dim: int, theta: float = 10_000.0, fraction: float = 1.0) -> tuple[Tensor, Tensor]:
     """Rotation tables (cos, sin), each [S, head_dim], for positions [S, 3] (float32: angles need the precision).
 
     Channel pair (i, i + head_dim/2) turns by angle a_i: cos = [cos a, cos a], sin = [-sin a, sin a] (the
-    sign is in the table), so `apply_rope` is one swap of the halves, one multiply and one multiply-add."""
+    sign is in the table), so `apply_rope` is one swap of the halves, one multiply and one multiply-add.
+    Partial RoPE (`fraction` < 1): only the first `rotated_dims` / 2 pairs turn, split over the three axes as a
+    head of that size would be; the other pairs get angle 0 (cos 1, sin 0), which leaves them exactly as they are."""
+    if head_dim % 2:
+        raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
+    rotated = rotated_dims(head_dim, fraction)
     chunks = []
-    for axis, dim in enumerate(axes_dims(head_dim)):
+    for axis, dim in enumerate(axes_dims(rotated)):
         if dim == 0:
             continue
         freqs = theta ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) / dim)
         chunks.append(positions[:, axis, None].double() * freqs[None, :])
+    if rotated < head_dim:
+        chunks.append(positions.new_zeros(positions.shape[0], (head_dim - rotated) // 2, dtype=torch.float64))
     angles = torch.cat(chunks, dim=-1)
     cos, sin = angles.cos(), angles.sin()
     return torch.cat([cos, cos], dim=-1).float(), torch.cat([-sin, sin], dim=-1).float()

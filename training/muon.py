@@ -130,6 +130,6 @@ def make_optimizer(model: nn.Module, cfg) -> torch.optim.Optimizer:
         decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
         groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=cfg.optim.adam_eps, foreach=False)
     o = cfg.optim
     return Muon(param_groups(model, cfg.weight_decay), lr=cfg.lr, momentum=o.muon_momentum, nesterov=o.muon_nesterov, ns_steps=o.muon_ns_steps)

@@ -36,8 +36,9 @@ def drop_captions(text, null_text, p: float, generator: torch.Generator):
     return text.where(keep, null_text)
 
 
-def flow_loss(gen, x0: Tensor, eps: Tensor, t: Tensor, text) -> Tensor:
-    """Per-sample MSE between predicted and target velocity, [B] in fp32."""
-    pred = gen(interpolate(x0, eps, t), t, text)
+def flow_loss(gen, x0: Tensor, eps: Tensor, t: Tensor, text, route=None) -> Tensor:
+    """Per-sample MSE between predicted and target velocity, [B] in fp32. `route`: the step's token routing
+    (model/routing.py, training only), None = every token through every block."""
+    pred = gen(interpolate(x0, eps, t), t, text) if route is None else gen(interpolate(x0, eps, t), t, text, route=route)
     err = F.mse_loss(pred.float(), velocity_target(x0, eps).float(), reduction="none")
     return err.flatten(1).mean(1)

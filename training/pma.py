@@ -1,4 +1,5 @@
-"""PMA: the average of the last K checkpoints' weights, written as its own checkpoint folder.
+"""PMA: the average of the last K checkpoints' weights, written as its own checkpoint folder (or, with
+train.final_weights=pma, as the run's own export; training/ema.py is the EMA alternative).
 
 Replaces an EMA (no extra copy of the weights during training, and K / the window can be chosen after
 the run). The sources must be the same model (same config.json "model" and "dit"); the average is taken
@@ -75,6 +76,22 @@ def dcp_step_weights(step_dir: Path, gen, trust_unsigned: bool = False) -> dict[
     return canonical_state_dict(state["model"], gen, tp)
 
 
+def average_steps(steps: list[Path], gen, trust_unsigned: bool = False) -> dict[str, torch.Tensor]:
+    """The fp64-accumulated mean of the DCP step checkpoints' model weights, in `gen`'s dtypes, in order."""
+    total: dict[str, torch.Tensor] = {}
+    for step in steps:
+        for name, t in dcp_step_weights(step, gen, trust_unsigned).items():
+            total[name] = total.get(name, 0) + t.double()
+    reference = gen.state_dict()
+    return {name: (t / len(steps)).to(reference[name].dtype) for name, t in total.items()}
+
+
+def write_pma_record(out: Path, steps: list[Path], k: int) -> None:
+    """pma.json: the step checkpoints averaged, their steps, and the k asked for."""
+    numbers = [json.loads((s / "train_state.json").read_text())["step"] for s in steps]
+    (out / "pma.json").write_text(json.dumps({"sources": [str(s) for s in steps], "steps": numbers, "k": len(steps), "asked_k": k}, indent=2) + "\n")
+
+
 def pma_from_run(run_dir: Path, k: int, out_dir: Path, trust_unsigned: bool = False) -> Path:
     """PMA over a training run's last `k` DCP step checkpoints (fewer if the run kept fewer): a checkpoint
     folder with the run's config and train state and `pma.json` naming the steps averaged."""
@@ -87,16 +104,24 @@ def pma_from_run(run_dir: Path, k: int, out_dir: Path, trust_unsigned: bool = Fa
         raise ValueError(f"{run_dir} has no complete DCP step checkpoint to average (train.dcp.every > 0 keeps them)")
     verify_export(Path(run_dir))
     gen = Generator.from_pretrained(run_dir)
-    total: dict[str, torch.Tensor] = {}
-    for step in steps:
-        for name, t in dcp_step_weights(step, gen, trust_unsigned).items():
-            total[name] = total.get(name, 0) + t.double()
-    reference = gen.state_dict()
-    gen.load_state_dict({name: (t / len(steps)).to(reference[name].dtype) for name, t in total.items()}, strict=True)
+    gen.load_state_dict(average_steps(steps, gen, trust_unsigned), strict=True)
     out = Path(out_dir)
     gen.save_pretrained(out)
     (out / STATE_FILE).write_text((Path(run_dir) / STATE_FILE).read_text())
-    numbers = [json.loads((s / "train_state.json").read_text())["step"] for s in steps]
-    (out / "pma.json").write_text(json.dumps({"sources": [str(s) for s in steps], "steps": numbers, "k": len(steps), "asked_k": k}, indent=2) + "\n")
+    write_pma_record(out, steps, k)
     write_export_manifest(out)
     return out
+
+
+def export_pma(run_dir: Path, k: int, trust_unsigned: bool = False) -> None:
+    """train.final_weights=pma: replace the run's just-exported model.safetensors (before its checksums are
+    written) by the PMA of its last `k` step checkpoints, and record them in pma.json. The trainer's own step
+    checkpoints: the ones this run wrote and signed a moment ago."""
+    from model.generator import Generator
+    from training.dcp import complete_checkpoints
+
+    steps = complete_checkpoints(Path(run_dir))[-k:]
+    gen = Generator.from_pretrained(run_dir)
+    gen.load_state_dict(average_steps(steps, gen, trust_unsigned), strict=True)
+    gen.save_pretrained(run_dir)
+    write_pma_record(Path(run_dir), steps, k)

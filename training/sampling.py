@@ -57,7 +57,10 @@ def checkpoint_resolution(checkpoint: Path, cfg: KilnConfig) -> tuple[int, int]:
 
 
 def sampling_shift(gen, height: int, width: int, train: TrainConfig) -> float:
-    """The same resolution-dependent shift the trainer drew timesteps with."""
+    """train.sample.shift when set (an inference shift apart from the training one), else the same
+    resolution-dependent shift the trainer drew timesteps with."""
+    if train.sample.shift is not None:
+        return train.sample.shift
     p = gen.dit_cfg.patch_size * gen.autoencoder.downsample
     return timestep_shift(num_image_tokens(height, width, p), train.timestep_shift, train.timestep_max_shift)
 

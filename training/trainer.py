@@ -99,12 +99,19 @@ def train_step(gen, opt, x0, text, null_text, rng: torch.Generator, cfg: TrainCo
     t = sample_timesteps(b, rng, cfg.timestep_mean, cfg.timestep_std, shift, device)
     eps = torch.randn(x0.shape, generator=rng).to(device)
     text = drop_captions(text, null_text, cfg.caption_dropout, rng)
+    route = None
+    if cfg.route.frac > 0:  # drawn last: with routing off every other draw is what it always was
+        from model.routing import TokenRoute
+        from training.objective import num_image_tokens
+
+        n_img = num_image_tokens(x0.shape[-2], x0.shape[-1], gen.dit_cfg.patch_size)
+        route = TokenRoute.draw(n_img, cfg.route.frac, cfg.route.start, cfg.route.end, rng)
     for o in (opt, repa_opt):
         for group in o.param_groups if o is not None else ():
             group["lr"] = lr
     x0_local = x0[rows]
     with runtime.autocast():
-        per_sample = flow_loss(gen, x0_local, eps[rows], t[rows], text[rows])
+        per_sample = flow_loss(gen, x0_local, eps[rows], t[rows], text[rows], route)
         loss_sum = per_sample.sum()
         objective = loss_sum * (dp_size / b)
         repa_sum = torch.zeros(())
@@ -271,6 +278,12 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
         if repa is not None:
             repa_opt = repa.make_optimizer(mesh, tc)
             aux = {"repa": (repa.projector, repa_opt)}
+        ema = None
+        if tc.ema_decay > 0:  # after sharding: each rank averages its own shards
+            from training.ema import WeightEma
+
+            ema = WeightEma(gen, tc.ema_decay)
+            aux["ema"] = (ema, [])
         facts = {"tp": tc.parallel.tp, "world_size": ranks.world, "optimizer": tc.optim.name}
         policy = LoadPolicy(tc.dcp.trust_unsigned, tc.dcp.allow_train_set_change)
         ckpt = Checkpointer(out_dir, tc.dcp.keep, tc.dcp.async_save, facts, aux, version, policy)
@@ -302,6 +315,8 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
                 on = repa is not None and repa_active(tc.repa, step)
                 images = from_uint8_nhwc(batch.pixels, device) if on else None
                 result = train_step(gen, opt, x0, text, null, step_generator(tc.seed, step), tc, lr, shift, runtime, rows, ranks.dp_size, repa if on else None, repa_opt if on else None, images)
+                if ema is not None and not result.skipped:
+                    ema.update(gen)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 if not result.skipped:
@@ -327,9 +342,15 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
         final = RunState(step, position, loss_ema, last)
         _require_finite_weights(gen, device, step, "the export")
         ckpt.save(gen, opt, final)
-        ckpt.wait()
+        ckpt.wait()  # the step checkpoint holds the last weights (and the EMA): a resume continues from them
+        if tc.final_weights == "ema":
+            ema.swap_into(gen)
         export_checkpoint(gen, out_dir, cfg, data, final, tc.parallel.tp, ranks.rank, sharded=mesh is not None)
         if ranks.rank == 0:
+            if tc.final_weights == "pma":
+                from training.pma import export_pma
+
+                export_pma(out_dir, tc.pma_k, tc.dcp.trust_unsigned)
             write_data_record(out_dir, Path(data_dir), data, cfg, final.step, version)
             write_export_manifest(out_dir)  # last: the folder is complete when its checksums are
         if telemetry is not None:
