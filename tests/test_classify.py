@@ -93,12 +93,12 @@ def embedded(tmp_path_factory):
     return check_schema(out.kept, EMBEDDED, "embed")
 
 
-def vlm_head(path, threshold=0.5, **vlm):
+def vlm_head(path, threshold=0.5, holdout=0.5, **vlm):
     """The override a user writes for one VLM-labelled head (conf/data/*.yaml takes the same keys)."""
     block = {"vlm_path": str(path), "prompt": AI_PROMPT, **vlm}
     fields = ", ".join(f"{k}: {v!r}" if isinstance(v, str) else f"{k}: {v}" for k, v in block.items())
     return [f"data.classify.heads=[{{name: ai, reason: ai_generated, labeller: vlm, vlm: {{{fields}}}, threshold: {threshold}}}]",
-            "data.classify.holdout=0.5"]
+            f"data.classify.holdout={holdout}"]
 
 
 def vlm_labeller(path, **vlm) -> VLMLabeller:
@@ -150,14 +150,70 @@ def test_the_labeller_config_is_strict(vlm):
         load_config(vlm_head(vlm, positive="yes", negative="Yes"))
 
 
-def test_classify_stage_with_a_vlm_labeller_accounts_for_every_row(vlm, embedded):
-    cfg = load_config(vlm_head(vlm, batch_size=2))
+def biased_vlm(vlm, out, rows, says_yes: list[bool]):
+    """A copy of the tiny VLM whose answer to AI_PROMPT is decided: "yes" for the rows marked True, "no" for the others.
+
+    The answer is read from the last prompt position's final hidden state h (after the last norm): the
+    logits of "yes" and "no" are their lm_head rows times h. Solving h_i . u = +1 / -1 over the rows (h has
+    more dimensions than there are rows) and writing +10u and -10u into those two rows puts the yes-no logit
+    gap at +-20 for exactly these images, so p(yes) is ~1 or ~0 by construction, not by the random seed."""
+    import shutil
+
+    import torch
+
+    from assets.captioners import vlm_inputs
+    from assets.classify import answer_token_ids
+
+    shutil.copytree(vlm, out)
+    model, processor = load_vlm_fresh(out)
+    inputs = vlm_inputs(processor, rows.column("uri").to_pylist(), [AI_PROMPT] * rows.num_rows)
+    with torch.no_grad():
+        res = model(**inputs, output_hidden_states=True)
+    h = res.hidden_states[-1][:, -1].double()
+    lm_head = model.get_output_embeddings()
+    torch.testing.assert_close(lm_head(h.float()), res.logits[:, -1])  # h is what the logits are read from
+    u = torch.linalg.lstsq(h, torch.tensor([1.0 if y else -1.0 for y in says_yes], dtype=torch.float64)[:, None]).solution[:, 0]
+    with torch.no_grad():
+        for word, sign_ in (("yes", 1), ("no", -1)):
+            for t in answer_token_ids(processor.tokenizer, word):
+                lm_head.weight[t] = (sign_ * 10 * u).float()
+    model.save_pretrained(out)
+    return out
+
+
+def load_vlm_fresh(path):
+    """The model and processor as the product loads them, bypassing its per-process cache (the copy is new)."""
+    from assets.captioners import _load_vlm
+
+    return _load_vlm.__wrapped__(str(path), "cpu")
+
+
+def is_sign(rows) -> list[bool]:
+    return ["sign" in u.rsplit("/", 1)[-1] for u in rows.column("uri").to_pylist()]
+
+
+def test_a_vlm_that_calls_signs_ai_generated_trains_a_head_that_rejects_the_signs(vlm, embedded, tmp_path):
+    signs = is_sign(embedded)
+    biased = biased_vlm(vlm, tmp_path / "says-yes-to-signs", embedded, signs)
+    assert vlm_labeller(biased).label(embedded).tolist() == signs
+    # one held-out row: the five training rows hold both classes whichever row the sample order holds out
+    cfg = load_config(vlm_head(biased, batch_size=2, holdout=0.2))
     out, [report] = classify_rows(embedded, cfg)
     check_accounting("classify", embedded, out)
-    assert out.kept.num_rows + out.rejected.num_rows == embedded.num_rows
-    assert set(out.rejected.column("reason").to_pylist()) <= {Reason.AI_GENERATED}
-    assert report.labeller == f"vlm:llava:{vlm.name}" and report.labeller_decoding["model"] == str(vlm)
-    assert report.n_train + report.n_holdout == embedded.num_rows  # the sample (at most 2000 rows) is every row here
-    assert report.positives_train + report.positives_holdout == vlm_labeller(vlm).label(embedded).sum()  # the VLM's labels
-    # a random model says "yes" to everything or nothing more often than not: then the head says so and rejects nothing
-    assert report.trained or ("single-class" in report.note and out.rejected.num_rows == 0)
+    assert report.trained and report.note == ""
+    assert (report.n_train, report.n_holdout) == (5, 1) and report.positives_train + report.positives_holdout == sum(signs)
+    assert report.labeller == f"vlm:llava:{biased.name}" and report.labeller_decoding["model"] == str(biased)
+    assert set(out.rejected.column("reason").to_pylist()) == {Reason.AI_GENERATED}
+    sign_ids = {i for i, y in zip(embedded.column("id").to_pylist(), signs) if y}
+    assert set(out.rejected.column("id").to_pylist()) == sign_ids  # the head learnt the VLM's labels from the embeddings
+    assert report.rejected == len(sign_ids)
+
+
+def test_a_vlm_that_answers_yes_to_everything_trains_no_head_and_rejects_nothing(vlm, embedded, tmp_path):
+    biased = biased_vlm(vlm, tmp_path / "says-yes-always", embedded, [True] * embedded.num_rows)
+    assert vlm_labeller(biased).label(embedded).all()
+    out, [report] = classify_rows(embedded, load_config(vlm_head(biased, batch_size=2)))
+    check_accounting("classify", embedded, out)
+    assert not report.trained and "single-class" in report.note
+    assert report.positives_train == report.n_train and report.positives_holdout == report.n_holdout
+    assert out.rejected.num_rows == 0 and out.kept.num_rows == embedded.num_rows and report.rejected == 0
