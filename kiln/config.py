@@ -1014,7 +1014,11 @@ def validate(raw: dict[str, Any], choices: dict[str, str] | None = None, overrid
 
 
 def load_config(overrides: list[str] | None = None) -> KilnConfig:
-    """The one way to get a config: compose `conf/` with overrides, then validate."""
+    """The one way to get a config: compose `conf/` with overrides, then validate. Inside a DVC stage, what
+    `dvc exp run -S` composed into params.yaml comes last (kiln.dvc_params)."""
+    from kiln.dvc_params import stage_overrides
+
+    overrides = [*(overrides or []), *stage_overrides()]
     raw, choices = compose_raw(overrides)
     return validate(raw, choices, overrides)
 
