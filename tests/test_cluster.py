@@ -1,9 +1,11 @@
 """Hierarchical k-means: nested levels, named clusters, human review that the next run honours."""
 
 import argparse
+from collections import Counter
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 import torch
 from sklearn.metrics import adjusted_rand_score
 
@@ -17,6 +19,7 @@ from assets.cluster import (
     review_cli,
     review_rows,
 )
+from assets.demo_corpus import write_demo_corpus
 from kiln.config import load_config
 from kiln.reasons import Reason
 from kiln.schemas import CLUSTERED
@@ -32,9 +35,10 @@ def blobs(centres: int, per: int, dim: int = 16, seed: int = 0, spread: float = 
     return x.astype(np.float32), np.repeat(np.arange(centres), per)
 
 
-def test_levels_nest_and_recover_planted_groups():
-    x, truth = blobs(4, 50)
-    labels = hierarchical_kmeans(x, [4, 8, 16], niter=20, seed=0)
+@pytest.mark.parametrize("seed", [1, 2, 3])  # blobs and k-means seeds other than the 0 the examples were written with
+def test_levels_nest_and_recover_planted_groups(seed):
+    x, truth = blobs(4, 50, seed=seed)
+    labels = hierarchical_kmeans(x, [4, 8, 16], niter=20, seed=seed)
     assert [int(lab.max()) + 1 for lab in labels] == [4, 8, 16]
     assert adjusted_rand_score(truth, labels[0]) == 1.0
     for coarse, fine in zip(labels, labels[1:]):  # every finer cluster sits inside one coarser cluster
@@ -52,17 +56,34 @@ def cfg_for(overrides):
     return load_config([*overrides, "data.clustering.flag=all"])
 
 
-def test_demo_clusters_separate_the_scene_families(demo_embedded, tmp_path):
-    overrides, root = demo_embedded
-    run_stage("cluster", root / "embedded", tmp_path / "clustered", cfg_for([*overrides, f"data.clustering.review_db={tmp_path / 'r.duckdb'}"]))
-    kept = read_dataset(tmp_path / "clustered" / "kept")
-    assert kept.schema.equals(CLUSTERED)
+# The demo's levels and descriptor were picked by purity on the seed-0 corpus (docs/curation-models.md), so
+# the scene families are checked on corpora they never saw, against the tolerances docs/curation.md states.
+TOP_PURITY, TOP_OVER_CHANCE, LEAF_PURITY = 0.75, 0.25, 0.9
+
+
+@pytest.fixture(scope="module", params=[1, 2, 3])
+def held_out_clustered(request, tmp_path_factory):
+    """A demo corpus of another seed through ingest -> filter -> dedup -> embed -> cluster: (clustered rows, family per row)."""
+    seed, root = request.param, tmp_path_factory.mktemp(f"demo-seed{request.param}")
+    write_demo_corpus(root / "raw", n=160, seed=seed, size=96)
+    cfg = cfg_for([f"data.caption.truth={root / 'raw' / 'truth.parquet'}", f"data.clustering.review_db={root / 'r.duckdb'}"])
+    for stage, src, dst in (("ingest", "raw", "manifest"), ("filter", "manifest", "filtered"), ("dedup", "filtered", "deduped"),
+                            ("embed", "deduped", "embedded"), ("cluster", "embedded", "clustered")):
+        run_stage(stage, root / src, root / dst, cfg)
+    kept = read_dataset(root / "clustered" / "kept")
     truth = pq.read_table(root / "raw" / "truth.parquet").to_pandas().drop_duplicates("md5").set_index("md5")
-    family = truth.loc[kept.column("md5").to_pylist(), "family"].tolist()
-    top = level_labels(kept, 0)
-    print("demo level-0 purity", purity(top, family), "ARI", adjusted_rand_score(family, top))
-    assert purity(top, family) >= 0.75  # chance (the largest family's share) is about 0.4
-    assert purity(level_labels(kept, 2), family) >= 0.9
+    return kept, truth.loc[kept.column("md5").to_pylist(), "family"].tolist()
+
+
+@pytest.mark.slow
+def test_demo_clusters_separate_the_scene_families_on_held_out_corpora(held_out_clustered):
+    kept, family = held_out_clustered
+    assert kept.schema.equals(CLUSTERED)
+    chance = max(Counter(family).values()) / len(family)  # every row in the largest family's cluster
+    top, leaf = purity(level_labels(kept, 0), family), purity(level_labels(kept, 2), family)
+    print("held-out level-0 purity", top, "chance", chance, "leaf purity", leaf)
+    assert top >= TOP_PURITY and top >= chance + TOP_OVER_CHANCE
+    assert leaf >= LEAF_PURITY
 
 
 def test_rejected_cluster_disappears_from_the_next_run_with_its_reason(demo_embedded, tmp_path):

@@ -4,7 +4,6 @@ import io
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 from samples import mixed_files, scene
@@ -81,13 +80,37 @@ def test_header_checks_run_before_any_read(tmp_path):
     assert filter_row({**row, "format": "ICNS"}, cfg.data.filters)[1][0] == "unsupported_format"
 
 
-@pytest.mark.integration
-def test_demo_corpus_gets_every_expected_reason(tmp_path):
-    """Ingest -> filter -> dedup on `kiln demo-data --n 480`: each bad file gets its reason, no good file is lost."""
+def reason_scores(truth: list[dict], rejected: dict[str, dict], kept: dict[str, str]) -> dict[str, tuple[float, float]]:
+    """(precision, recall) per expected reject reason, "kept" included for the good files.
+
+    Duplicate pairs are scored group-wise: keeping the copy and rejecting the original is right when the
+    original points at the kept copy with the expected reason, and a good file rejected as a duplicate of
+    one of its own copies is right too."""
+    got = {}
+    for t in truth:
+        f, reason = t["file"], t["expected_reason"] or "kept"
+        g = rejected.get(f, {}).get("reason") or "kept"
+        original = rejected.get(t["dup_of"] or "", {})
+        if t["dup_of"] and f in kept and original.get("detail") == kept[f] and original.get("reason") == reason:
+            g = reason
+        if reason == "kept" and g in ("exact_duplicate", "near_duplicate") and rejected[f]["detail"] in {kept.get(u["file"]) for u in truth if u["dup_of"] == f}:
+            g = reason
+        got[f] = g
+    scores = {}
+    for reason in {t["expected_reason"] or "kept" for t in truth} | set(got.values()):
+        expected = {t["file"] for t in truth if (t["expected_reason"] or "kept") == reason}
+        predicted = {f for f, g in got.items() if g == reason}
+        hit = len(expected & predicted)
+        scores[reason] = (hit / len(predicted) if predicted else 1.0, hit / len(expected) if expected else 1.0)
+    return scores
+
+
+def run_demo_curation(tmp_path, seed: int):
+    """`kiln demo-data --n 480 --seed <seed>` through ingest -> filter -> dedup: (truth, rejected by file, kept file -> id)."""
     from assets.demo_corpus import write_demo_corpus
 
     cfg = load_config()
-    truth = write_demo_corpus(tmp_path / "demo", n=480, seed=0, size=cfg.data.demo.size).to_pylist()
+    truth = write_demo_corpus(tmp_path / "demo", n=480, seed=seed, size=cfg.data.demo.size).to_pylist()
     run_stage("ingest", tmp_path / "demo" / "images", tmp_path / "m", cfg)
     run_stage("filter", tmp_path / "m", tmp_path / "f", cfg)
     run_stage("dedup", tmp_path / "f", tmp_path / "d", cfg)
@@ -96,21 +119,27 @@ def test_demo_corpus_gets_every_expected_reason(tmp_path):
     for stage in "mfd":
         rejected.update({r["uri"][len(prefix) :]: r for r in read_dataset(tmp_path / stage / "rejected").to_pylist()})
     kept = {r["uri"][len(prefix) :]: r["id"] for r in read_dataset(tmp_path / "d" / "kept").to_pylist()}
-    assert len(kept) + len(rejected) == len(truth)
-    wrong = []
-    for t in truth:
-        f, reason = t["file"], t["expected_reason"]
-        got = rejected.get(f, {}).get("reason")
-        if got == reason:
-            continue
-        # a duplicate pair may keep the copy instead of the original: fine if the original points at it
-        original = rejected.get(t["dup_of"] or "", {})
-        if t["dup_of"] and f in kept and original.get("detail") == kept[f] and original.get("reason") == reason:
-            continue
-        if not reason and got in ("exact_duplicate", "near_duplicate") and rejected[f]["detail"] in {
-            kept.get(u["file"]) for u in truth if u["dup_of"] == f
-        }:
-            continue
-        wrong.append((f, t["category"], reason, got))
-    assert wrong == []
-    assert pq.read_table(tmp_path / "f" / "kept").num_rows > 300
+    assert len(kept) + len(rejected) == len(truth)  # nothing lost
+    return truth, rejected, kept
+
+
+# The thresholds were tuned on seed 0 (docs/curation.md), so they are tested on corpora they never saw, with the
+# tolerances docs/curation.md states: every filter reason exact; the duplicate reasons and the good files may
+# lose a little to look-alike scenes (seed 2: three merged, one 34-bit crop missed).
+DUPLICATE_TOLERANCE = 0.85  # precision and recall of near/exact duplicates and of keeping good files
+HELD_OUT_SEEDS = [1, 2]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", HELD_OUT_SEEDS)
+def test_demo_corpus_reasons_on_held_out_seeds_meet_the_documented_tolerances(tmp_path, seed):
+    truth, rejected, kept = run_demo_curation(tmp_path, seed)
+    scores = reason_scores(truth, rejected, kept)
+    print(seed, scores)
+    duplicate_like = {"exact_duplicate", "near_duplicate", "kept"}
+    filter_misses = {r: s for r, s in scores.items() if r not in duplicate_like and s != (1.0, 1.0)}
+    assert filter_misses == {}
+    dup_misses = {r: s for r, s in scores.items() if r in duplicate_like and min(s) < DUPLICATE_TOLERANCE}
+    assert dup_misses == {}
+    assert len(scores) >= 12  # the 11 reasons and "kept": a corpus without some category proves nothing about it
