@@ -105,6 +105,15 @@ def cmd_mixes(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ablate(args: argparse.Namespace) -> int:
+    from kiln.ablate import ablate
+
+    paths = ablate(Path(args.plan), Path(args.out) if args.out else None, jobs=args.jobs, force=args.force)
+    print(paths["markdown"].read_text())
+    print("\n".join(f"{k}: {v}" for k, v in paths.items()))
+    return 0
+
+
 def cmd_dvc(args: argparse.Namespace) -> int:
     from kiln.dvcgen import write_dvc_files
 
@@ -325,6 +334,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     dv.add_argument("--check", action="store_true", help="write nothing; exit 1 when the committed files differ")
     dv.add_argument("overrides", nargs="*", help="a profile and source for DVC, e.g. data=web data.source=s3://bucket/images/")
     dv.set_defaults(fn=cmd_dvc)
+
+    ab = sub.add_parser("ablate", help="run an ablation plan (variants x seeds) as DVC experiments and compare them (docs/ablations.md)")
+    ab.add_argument("plan", help="plan YAML, e.g. conf/ablate/demo.yaml")
+    ab.add_argument("--out", help="folder for comparison.md/.parquet/.png (default data/ablations/<plan name>)")
+    ab.add_argument("--jobs", type=int, default=1, help="experiments run at once (DVC queue workers)")
+    ab.add_argument("--force", action="store_true", help="rerun experiments of this plan that already exist")
+    ab.set_defaults(fn=cmd_ablate)
 
     s = sub.add_parser("stage", help="run one data stage: Parquet in, kept + rejected Parquet out (on cluster.executor)")
     add_stage_argument(s, "name")
