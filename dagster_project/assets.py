@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import dagster as dg
 import pyarrow.parquet as pq
 
 from dagster_project.metadata import cluster_grids, dedup_groups_grid, stage_metadata, thumbnails
+from dagster_project.pages import checkpoint_page, checkpoint_samples, evaluation_page, flat_numbers
 from dagster_project.resources import KilnResource
 from kiln.config import load_config
 from kiln.executors import execute
@@ -87,31 +87,13 @@ def train_checkpoint(context, data: Path, out: Path, cfg) -> dg.MaterializeResul
     `out`: a re-materialization replaces the earlier run's checkpoints (the job itself resumes, so a requeue continues)."""
     from training.trainer import prepare_output, train
 
-    md: dict = {"path": dg.MetadataValue.path(str(out))}
+    slurm: dict = {}
     if cfg.cluster.kind == "slurm":
         prepare_output(out, resume=False, overwrite=True)
-        md.update(_train_on_slurm(context, data, out, cfg))
+        slurm = _train_on_slurm(context, data, out, cfg)
     else:
         train(data, out, cfg, overwrite=True)
-    return dg.MaterializeResult(metadata={**md, **checkpoint_metadata(out)})
-
-
-def checkpoint_metadata(out: Path) -> dict:
-    """What a checkpoint folder says about its run: train state, the data it saw, throughput, the loss curve."""
-    md: dict = _scalars(json.loads((out / "train_state.json").read_text()))
-    seen = out / "train_data.json"  # the train set version, mix, caption forms drawn and sampling weights it trained on
-    if seen.exists():
-        data = json.loads(seen.read_text())
-        md["train_set_version"] = str(data.get("train_set_version"))
-        md["mix"] = str(data.get("mix"))
-        md["caption_forms_drawn"] = dg.MetadataValue.json(data.get("caption_forms_drawn", {}))
-    throughput = out / "throughput.json"  # samples/s, tokens/s, TFLOP/s per device, MFU (on known GPUs), spike counts
-    if throughput.exists():
-        md.update(_scalars(json.loads(throughput.read_text()), "throughput."))
-    loss_png = out / "loss.png"
-    if loss_png.exists():
-        md["loss_curve"] = dg.MetadataValue.md(markdown_image(loss_png.read_bytes(), "loss"))
-    return md
+    return dg.MaterializeResult(metadata=checkpoint_page(out, samples=checkpoint_samples(out, cfg), details=slurm))
 
 
 def _train_on_slurm(context, data: Path, out: Path, cfg) -> dict:
@@ -145,22 +127,8 @@ EVAL_SET = rungs(default_config())[0].train_set  # the first rung's train set: i
 def evaluation(kiln: KilnResource) -> dg.MaterializeResult:
     from training.evaluate import evaluate
 
-    metrics = evaluate(kiln.path(FINAL), kiln.path(EVAL_SET), kiln.path("eval"), kiln.config())
-    return dg.MaterializeResult(metadata={**_scalars(metrics), "path": dg.MetadataValue.path(str(kiln.path("eval")))})
-
-
-def _scalars(d: dict, prefix: str = "") -> dict:
-    """Flatten nested numbers into Dagster metadata (plottable across materializations)."""
-    out: dict = {}
-    for k, v in d.items():
-        name = f"{prefix}{k}"
-        if isinstance(v, bool) or not isinstance(v, (int, float, dict)):
-            continue
-        if isinstance(v, dict):
-            out.update(_scalars(v, f"{name}."))
-        else:
-            out[name] = v
-    return out
+    evaluate(kiln.path(FINAL), kiln.path(EVAL_SET), kiln.path("eval"), kiln.config())
+    return dg.MaterializeResult(metadata=evaluation_page(kiln.path("eval")))
 
 
 @dg.asset(deps=["rewritten"], group_name="captions", kinds={"duckdb"}, description="Concept coverage of the captions: per-concept counts, sampling weights that raise rare concepts, a plot.")
@@ -169,7 +137,7 @@ def coverage(kiln: KilnResource) -> dg.MaterializeResult:
 
     out = kiln.path("coverage")
     report = write_coverage(kiln.path("rewritten"), out, kiln.config().data.concepts)
-    md = {**_scalars(report), "path": dg.MetadataValue.path(str(out))}
+    md = {**flat_numbers(report), "path": dg.MetadataValue.path(str(out))}
     if (out / "coverage.png").exists():
         md["coverage_plot"] = dg.MetadataValue.md(markdown_image((out / "coverage.png").read_bytes(), "coverage"))
     return dg.MaterializeResult(metadata=md)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dagster as dg
 
 from dagster_project.ladder import checkpoint_asset
+from dagster_project.pages import checkpoint_page, checkpoint_samples
 from dagster_project.resources import KilnResource
 from kiln.ladder import FINAL, MERGED, domain_rungs
 from kiln.lineage import code_files, code_version, default_config
@@ -48,10 +49,10 @@ def _merged_asset() -> dg.AssetsDefinition:
             **{f"merge.{d}": v for d, v in table["merge"].items()},
             **{f"merge_vs_best_single.{d}": round(table["merge"][d] / best_single[d], 4) for d in best_single if best_single[d]},
             "scores": dg.MetadataValue.md(score_table(table)),
-            "candidates": dg.MetadataValue.json(report["search"]["candidates"]),
-            "path": dg.MetadataValue.path(str(out)),
         }
-        return dg.MaterializeResult(metadata=md)
+        details = {"candidates": dg.MetadataValue.json(report["search"]["candidates"])}
+        samples = checkpoint_samples(out, kiln.config())
+        return dg.MaterializeResult(metadata=checkpoint_page(out, headline=md, samples=samples, details=details, trained_here=False))
 
     return checkpoint_merged
 

@@ -11,7 +11,8 @@ import json
 
 import dagster as dg
 
-from dagster_project.assets import checkpoint_metadata, train_checkpoint
+from dagster_project.assets import train_checkpoint
+from dagster_project.pages import checkpoint_page, checkpoint_samples
 from dagster_project.resources import KilnResource
 from kiln.config import load_config
 from kiln.ladder import FINAL, Rung, checkpoint_overrides, pma_k, rungs
@@ -50,11 +51,11 @@ def checkpoint_asset(rung: Rung) -> dg.AssetsDefinition:
 def final_checkpoint(kiln: KilnResource) -> dg.MaterializeResult:
     from training.final_checkpoint import write_final_checkpoint
 
-    last = RUNGS[-1]
-    out = write_final_checkpoint(kiln.path(last.checkpoint), pma_k(kiln.config(), kiln.overrides), kiln.path(FINAL))
+    last, cfg = RUNGS[-1], kiln.config()
+    out = write_final_checkpoint(kiln.path(last.checkpoint), pma_k(cfg, kiln.overrides), kiln.path(FINAL))
     info = json.loads((out / "pma.json").read_text())
-    md = {"path": dg.MetadataValue.path(str(out)), "pma_k": info["k"], "pma_steps": dg.MetadataValue.json(info["steps"]), "rung": last.name}
-    return dg.MaterializeResult(metadata={**md, **checkpoint_metadata(out)})
+    pma = {"pma_k": info["k"], "pma_steps": dg.MetadataValue.json(info["steps"]), "rung": last.name}
+    return dg.MaterializeResult(metadata=checkpoint_page(out, samples=checkpoint_samples(out, cfg), details=pma))
 
 
 ladder_assets = [*(checkpoint_asset(r) for r in RUNGS), final_checkpoint]

@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 
 from kiln.stage import Summary, read_dataset
 from kiln.uri import read_bytes
-from kiln.viz import image_grid, markdown_image
+from kiln.viz import image_grid, markdown_image, placeholder_tile
 
 
 def rejects_table(summary: Summary) -> dg.TableMetadataValue:
@@ -19,20 +19,40 @@ def rejects_table(summary: Summary) -> dg.TableMetadataValue:
     )
 
 
-def thumbnails(uris: list[str], labels: list[str] | None = None, cols: int = 8, cell: int = 72) -> str | None:
-    """A markdown grid of the images behind some uris (unreadable ones are skipped: they are rejects)."""
+def tile(uri: str, cell: int = 72):
+    """The image behind a uri; a crossed-out placeholder when it cannot be read or decoded (a decode_error
+    reject still gets its tile), a blank cell for "" (padding)."""
+    from PIL import Image
+
     from assets.imageio import open_rgb
 
-    ims, labs = [], []
-    for i, u in enumerate(uris):
-        try:
-            ims.append(open_rgb(read_bytes(u)))
-            labs.append(labels[i] if labels else "")
-        except Exception:  # noqa: BLE001 - a thumbnail is best effort; the stage already recorded why
-            continue
-    if not ims:
+    if not uri:
+        return Image.new("RGB", (cell, cell), (255, 255, 255))
+    try:
+        return open_rgb(read_bytes(uri))
+    except Exception:  # noqa: BLE001 - a thumbnail is best effort; the stage already recorded why
+        return placeholder_tile(cell)
+
+
+def thumbnails(uris: list[str], labels: list[str] | None = None, cols: int = 8, cell: int = 72) -> str | None:
+    """A markdown grid of the images behind some uris, one tile each (placeholders for unreadable files)."""
+    if not uris:
         return None
-    return markdown_image(image_grid(ims, cols=min(cols, len(ims)), cell=cell, labels=labs if labels else None), "sample")
+    ims = [tile(u, cell) for u in uris]
+    return markdown_image(image_grid(ims, cols=min(cols, len(ims)), cell=cell, labels=labels), "sample")
+
+
+def rejects_grid(rejected, per_reason: int = 6) -> str | None:
+    """One row of tiles per reject reason (its first `per_reason` rows, each labelled with the reason), so every
+    reason shows, undecodable files as placeholders; every reject gets a tile when there are few."""
+    if not rejected.num_rows:
+        return None
+    uris, labels = [], []
+    for reason in sorted(set(rejected.column("reason").to_pylist())):
+        rows = rejected.filter(pc.equal(rejected.column("reason"), reason)).slice(0, per_reason).column("uri").to_pylist()
+        uris += rows + [""] * (per_reason - len(rows))
+        labels += [reason] * len(rows) + [""] * (per_reason - len(rows))
+    return thumbnails(uris, labels, cols=per_reason)
 
 
 def stage_metadata(summary: Summary, output: Path, n_samples: int = 16) -> dict:
@@ -48,15 +68,8 @@ def stage_metadata(summary: Summary, output: Path, n_samples: int = 16) -> dict:
         grid = thumbnails(kept.column("uri").to_pylist()[:n_samples])
         if grid:
             md["kept_sample"] = dg.MetadataValue.md(grid)
-    rejected = read_dataset(output / "rejected")
-    if rejected.num_rows:
-        per_reason = []
-        for reason in sorted(set(rejected.column("reason").to_pylist())):
-            first = rejected.filter(pc.equal(rejected.column("reason"), reason)).slice(0, 1)
-            per_reason.append((first.column("uri")[0].as_py(), reason))
-        grid = thumbnails([u for u, _ in per_reason], [r for _, r in per_reason])
-        if grid:
-            md["rejected_sample"] = dg.MetadataValue.md(grid)
+    if grid := rejects_grid(read_dataset(output / "rejected")):
+        md["rejected_sample"] = dg.MetadataValue.md(grid)
     return md
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import dagster as dg
 
 from dagster_project.assets import EVAL_SET
+from dagster_project.pages import checkpoint_page
 from dagster_project.resources import KilnResource
 from kiln.ladder import post_base
 from kiln.lineage import code_files, code_version, default_config
@@ -49,6 +50,15 @@ def compare(before: Path, after: Path, cfg, data_dir: Path) -> dict:
     if all(v is None for r in rows.values() for v in r["distribution"].values()):
         md["distribution_metrics"] = "skipped: no extractor is set (metrics.fid_extractor, metrics.clip_extractor, metrics.dino_extractor)"
     return gain | md
+
+
+def post_page(out: Path, md: dict, curve: tuple[Path, str]) -> dict:
+    """A post-training checkpoint's page (dagster_project.pages.checkpoint_page): the gain and prompt following
+    before/after first, then its own training curve and the "after" samples, the rest, the config as one entry."""
+    head = {k: v for k, v in md.items() if k.startswith(("prompt_following_gain", "student_vs_teacher", "speedup", "prompt_following_after.all", "prompt_following_before.all"))}
+    rest = {k: v for k, v in md.items() if k not in head and k != "samples_after"}
+    after = md.get("samples_after")
+    return checkpoint_page(out, headline=head, samples=after.value if after is not None else None, curve=curve, details=rest)
 
 
 def _history_means(path: Path, keys: list[str], last: int = 10) -> dict:
@@ -89,7 +99,7 @@ def checkpoint_dpo(kiln: KilnResource) -> dg.MaterializeResult:
     md = compare(kiln.path(base), out, cfg, kiln.path(EVAL_SET))
     md |= _history_means(out / "dpo_history.jsonl", ["loss", "winner_loglik", "loser_loglik", "accuracy"])
     md["guard_fired_at"] = dg.MetadataValue.json(info["guard_fired_at"])
-    return dg.MaterializeResult(metadata={**md, "path": dg.MetadataValue.path(str(out))})
+    return dg.MaterializeResult(metadata=post_page(out, md, (out / "dpo_history.jsonl", "loss")))
 
 
 @dg.asset(deps=["checkpoint_dpo"], group_name=GROUP, kinds={"pytorch", "safetensors"}, code_version=code_version(code_files("training.grpo_train")),
@@ -101,7 +111,7 @@ def checkpoint_grpo(kiln: KilnResource) -> dg.MaterializeResult:
     out = grpo(kiln.path("checkpoint_dpo"), kiln.path("checkpoint_grpo"), cfg)
     md = compare(kiln.path("checkpoint_dpo"), out, cfg, kiln.path(EVAL_SET))
     md |= _history_means(out / "grpo_history.jsonl", ["reward", "kl", "clipped"])
-    return dg.MaterializeResult(metadata={**md, "path": dg.MetadataValue.path(str(out))})
+    return dg.MaterializeResult(metadata=post_page(out, md, (out / "grpo_history.jsonl", "reward")))
 
 
 @dg.asset(deps=["checkpoint_grpo"], group_name=GROUP, kinds={"pytorch", "safetensors"}, code_version=code_version(code_files("training.tdm_train")),
@@ -123,7 +133,7 @@ def checkpoint_student(kiln: KilnResource) -> dg.MaterializeResult:
     md["student_vs_teacher.all"] = round(md["prompt_following_after.all"] / md["prompt_following_before.all"], 4) if md["prompt_following_before.all"] else None
     md["speedup_vs_teacher"] = round(md["seconds_per_image_before"] / md["seconds_per_image_after"], 2) if md["seconds_per_image_after"] else None
     md |= _history_means(out / "tdm_history.jsonl", ["student_loss", "fake_loss", "teacher_gap"])
-    return dg.MaterializeResult(metadata={**{k: v for k, v in md.items() if v is not None}, "path": dg.MetadataValue.path(str(out))})
+    return dg.MaterializeResult(metadata=post_page(out, {k: v for k, v in md.items() if v is not None}, (out / "tdm_history.jsonl", "student_loss")))
 
 
 post_assets = [preference_pairs, reward_model, checkpoint_dpo, checkpoint_grpo, checkpoint_student]

@@ -8,6 +8,7 @@ import json
 
 import dagster as dg
 
+from dagster_project.pages import checkpoint_page
 from dagster_project.resources import KilnResource
 from kiln.lineage import code_files, code_version
 
@@ -43,7 +44,7 @@ def checkpoint_style(kiln: KilnResource) -> dg.MaterializeResult:
     if history:
         tail = history[-10:]
         md["last10.loss"] = round(sum(h["loss"] for h in tail) / len(tail), 6)
-    return dg.MaterializeResult(metadata={**md, "path": dg.MetadataValue.path(str(out))})
+    return dg.MaterializeResult(metadata=checkpoint_page(out, headline=md, curve=(out / "style_history.jsonl", "loss")))
 
 
 style_assets = [checkpoint_style]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,7 +28,9 @@ def image_grid(
     small training images crisp). Optional per-image captions under each cell and labels per row."""
     n = len(images)
     rows = max(1, -(-n // cols))
-    cap_h = 12 if labels else 0
+    chars = max(1, cell // 6)  # the default font is 6 px wide: a label wraps rather than being cut
+    wrapped = [textwrap.wrap(str(t), chars, break_on_hyphens=False) or [""] for t in labels] if labels else []
+    cap_h = 11 * max(len(w) for w in wrapped) + 2 if wrapped else 0
     lw = label_width if row_labels else 0
     grid = Image.new("RGB", (lw + cols * cell, rows * (cell + cap_h)), (255, 255, 255))
     draw = ImageDraw.Draw(grid)
@@ -39,8 +42,8 @@ def image_grid(
         r, c = divmod(i, cols)
         x0, y0 = lw + c * cell + (cell - im.width) // 2, r * (cell + cap_h) + (cell - im.height) // 2
         grid.paste(im, (x0, y0))
-        if labels:
-            draw.text((lw + c * cell + 2, r * (cell + cap_h) + cell), labels[i][: cell // 6], fill=(0, 0, 0))
+        for k, line in enumerate(wrapped[i] if labels else []):
+            draw.text((lw + c * cell + 2, r * (cell + cap_h) + cell + 11 * k), line, fill=(0, 0, 0))
     for r, text in enumerate(row_labels or []):
         y = r * (cell + cap_h) + 2
         for j in range(0, len(text), max(1, lw // 6)):  # wrap by characters; the default font is 6 px wide
@@ -87,3 +90,60 @@ def line_plot(series: dict[str, Sequence[float]], x: Sequence[float] | None = No
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(buf.getvalue())
     return im
+
+
+def placeholder_tile(size: int = 64, text: str = "undecodable") -> Image.Image:
+    """A grey tile crossed out, standing in for a file that could not be decoded (a decode_error reject)."""
+    im = Image.new("RGB", (size, size), (222, 222, 222))
+    draw = ImageDraw.Draw(im)
+    draw.line((0, 0, size - 1, size - 1), fill=(170, 60, 60), width=2)
+    draw.line((0, size - 1, size - 1, 0), fill=(170, 60, 60), width=2)
+    draw.text((2, size // 2 - 5), text[: max(1, size // 6)], fill=(0, 0, 0))
+    return im
+
+
+def bar_chart(groups: dict[str, dict[str, float]], title: str = "", ylabel: str = "", ylim: tuple[float, float] | None = None) -> Image.Image:
+    """Grouped bars (matplotlib, Agg: no display, no network): one group per outer key, one bar per series.
+    `groups`: {series: {category: value}}, e.g. {"trained": {"color": 0.4}, "untrained": {"color": 0.1}}."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    categories = list(dict.fromkeys(c for vals in groups.values() for c in vals))
+    width = 0.8 / max(1, len(groups))
+    fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
+    for k, (series, vals) in enumerate(groups.items()):
+        xs = [i + (k - (len(groups) - 1) / 2) * width for i in range(len(categories))]
+        bars = ax.bar(xs, [vals.get(c, 0.0) or 0.0 for c in categories], width, label=series)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.set_xticks(range(len(categories)), categories)
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    if ylim:
+        ax.set_ylim(*ylim)
+    ax.grid(axis="y", alpha=0.3)
+    if len(groups) > 1:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+
+
+def svg_sparkline(values: Sequence[float], width: int = 240, height: int = 48, points: int = 48) -> str:
+    """A line as a small inline SVG data URI (a few hundred characters): small enough for Dagster to show a
+    markdown value without a click (it inlines markdown under 1,000 characters)."""
+    vals = [float(v) for v in values if v == v]
+    if len(vals) > points:  # keep the shape: the mean of each of `points` equal slices
+        edges = [round(i * len(vals) / points) for i in range(points + 1)]
+        vals = [sum(vals[a:b]) / (b - a) for a, b in zip(edges, edges[1:]) if b > a]
+    if not vals:
+        return ""
+    lo, hi = min(vals), max(vals)
+    span = (hi - lo) or 1.0
+    step = (width - 2) / max(1, len(vals) - 1)
+    pts = " ".join(f"{1 + i * step:.0f},{1 + (height - 2) * (hi - v) / span:.0f}" for i, v in enumerate(vals))
+    svg = f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}'><polyline fill='none' stroke='#4f43dd' stroke-width='1.5' points='{pts}'/></svg>"
+    return "data:image/svg+xml;base64," + base64.b64encode(svg.encode()).decode()

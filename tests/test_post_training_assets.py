@@ -33,7 +33,7 @@ def test_the_post_training_assets_materialize_in_order_with_their_comparisons(tm
     assert order[0] == "preference_pairs" and order.index("checkpoint_dpo") < order.index("checkpoint_grpo") < order.index("checkpoint_student")
     for key in ("checkpoint_dpo", "checkpoint_grpo"):
         md = result.asset_materializations_for_node(key)[0].metadata
-        assert 0.0 <= md["prompt_following_after.all"].value <= 1.0 and "data:image/png;base64," in md["samples_after"].value
+        assert 0.0 <= md["prompt_following_after.all"].value <= 1.0 and "data:image/png;base64," in md["samples"].value  # the "after" grid
         assert "prompt_following_gain.all" in md and md["heldout_loss_after"].value > 0 and md["nfe_per_image_after"].value == 3 * 2  # 3 steps, CFG
         assert "skipped" in md["distribution_metrics"].value  # no extractor set: said, not silently dropped
     student = result.asset_materializations_for_node("checkpoint_student")[0].metadata
