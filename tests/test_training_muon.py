@@ -1,5 +1,5 @@
-"""Muon: Newton-Schulz orthogonalises, hidden 2-D weights go to Muon and the rest to AdamW, and the
-AdamW half is torch's AdamW."""
+"""Muon: Newton-Schulz orthogonalises, hidden 2-D weights go to Muon and the rest to AdamW; the AdamW
+half is torch's AdamW and the Muon half is torch's Muon (with Moonshot's AdamW-matched learning rate)."""
 
 import torch
 
@@ -52,3 +52,26 @@ def test_a_muon_step_moves_a_matrix_by_an_adamw_sized_orthogonal_update():
     rms = float(w.detach().pow(2).mean().sqrt())
     assert 0.1 < rms < 0.3  # 0.2 sqrt(max dim) * an orthogonal matrix's RMS sqrt(1/max dim) ~ 0.2
     assert float(torch.nn.functional.cosine_similarity(-w.detach().flatten(), w.grad.flatten(), dim=0)) > 0.5
+
+
+def test_a_muon_step_is_torch_muon_with_the_adamw_matched_learning_rate():
+    """torch.optim.Muon is an independent implementation of the same update when adjust_lr_fn="match_rms_adamw"
+    (its lr times 0.2 sqrt(max(rows, cols)), Moonshot's rule, which ours uses; torch's default "original",
+    sqrt(max(1, rows / cols)), is Keller Jordan's and would not match). Two differences cancel or stay small:
+    torch keeps the momentum as an average ((1 - mu) times our sum), a scale Newton-Schulz normalises away, and
+    it runs Newton-Schulz in bfloat16 where ours runs in float32, so updates agree to bfloat16 precision."""
+    for shape, nesterov in (((64, 32), True), ((32, 64), True), ((48, 48), False)):
+        ours_w = torch.nn.Parameter(torch.randn(*shape, generator=torch.Generator().manual_seed(7)))
+        ref_w = torch.nn.Parameter(ours_w.detach().clone())
+        ours = Muon([{"params": [ours_w], "use_muon": True, "weight_decay": 0.1}], lr=0.02, momentum=0.9, nesterov=nesterov)
+        ref = torch.optim.Muon([ref_w], lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=nesterov, adjust_lr_fn="match_rms_adamw")
+        for step in range(6):
+            g = torch.randn(*shape, generator=torch.Generator().manual_seed(100 + step))
+            before = ours_w.detach().clone()
+            ours_w.grad, ref_w.grad = g.clone(), g.clone()
+            ours.step()
+            ref.step()
+            ours_update, ref_update = ours_w.detach() - before, ref_w.detach() - before
+            rel = float((ours_update - ref_update).norm() / ref_update.norm())
+            assert rel < 0.03, (shape, nesterov, step, rel)  # bfloat16 Newton-Schulz; a wrong scale or momentum is >= 0.2
+            ref_w.data.copy_(ours_w.detach())  # compare each step from the same weights: differences do not compound
