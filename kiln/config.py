@@ -483,6 +483,9 @@ class OptimConfig(Strict):
     muon_nesterov: bool = True
     muon_ns_steps: int = Field(5, ge=1, le=100, description="Newton-Schulz iterations")
     adam_eps: float = Field(1e-8, gt=0, le=1e-2, description="AdamW's epsilon (the denominator floor)")
+    weights: Literal["fp32", "bf16"] = Field(
+        "fp32", description="how the weights are stored between steps: fp32 (master weights), or rounded to bf16 after every step (training.bf16_weights)"
+    )
 
 
 class RepaConfig(Strict):

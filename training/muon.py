@@ -125,7 +125,17 @@ class Muon(torch.optim.Optimizer):
 
 
 def make_optimizer(model: nn.Module, cfg) -> torch.optim.Optimizer:
-    """The optimiser `train.optim.name` names, on a (possibly sharded) Generator. cfg: TrainConfig."""
+    """The optimiser `train.optim.name` names, on a (possibly sharded) Generator, storing the weights as
+    `train.optim.weights` says. cfg: TrainConfig."""
+    opt = _make_optimizer(model, cfg)
+    if cfg.optim.weights == "bf16":
+        from training.bf16_weights import store_in_bf16
+
+        store_in_bf16(opt)
+    return opt
+
+
+def _make_optimizer(model: nn.Module, cfg) -> torch.optim.Optimizer:
     if cfg.optim.name == "adamw":
         decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
