@@ -21,6 +21,7 @@ from pathlib import Path
 import dagster as dg
 
 from kiln.viz import markdown_image, svg_sparkline
+from training.plots import ema
 
 KEY_FIGURES = ("final_loss", "loss_curve", "samples", "tokens_per_s", "mfu", "train_set_version")
 ATTRIBUTES = ("color", "shape", "count", "position", "background")
@@ -84,7 +85,7 @@ def checkpoint_page(
     if own_run:
         if state.get("final_loss") is not None:
             md["final_loss"] = float(state["final_loss"])
-        md["loss_curve"] = sparkline_md(loss_values(out), "training loss")
+        md["loss_curve"] = sparkline_md(ema(loss_values(out)), "training loss (EMA)")
     elif curve:
         md[f"{curve[1]}_curve"] = sparkline_md(history_values(*curve), curve[1])
     md["samples"] = dg.MetadataValue.md(samples) if samples else dg.MetadataValue.text("not drawn here: see the `samples` asset")
@@ -148,17 +149,17 @@ def baseline_table(metrics: dict) -> str:
     """Markdown: each metric for this checkpoint, the untrained baseline and the change (short enough to show inline)."""
     base = metrics.get("baseline")
     pf, bpf = metrics.get("prompt_following") or {}, (base or {}).get("prompt_following") or {}
-    rows = [("held-out loss (lower is better)", (metrics.get("heldout_loss") or {}).get("mean"), ((base or {}).get("heldout_loss") or {}).get("mean"))]
-    rows += [(f"prompt following: {a}", pf.get(a), bpf.get(a)) for a in ("all", *ATTRIBUTES) if a in pf]
+    rows = [("held-out loss ↓", (metrics.get("heldout_loss") or {}).get("mean"), ((base or {}).get("heldout_loss") or {}).get("mean"))]
+    rows += [(f"following: {a}", pf.get(a), bpf.get(a)) for a in ("all", *ATTRIBUTES) if a in pf]
     skipped = skipped_metrics(metrics)
     rows += [(m, (metrics.get("distribution") or {}).get(m), ((base or {}).get("distribution") or {}).get(m)) for m in DISTRIBUTION if m not in skipped]
-    head = "| metric | checkpoint | untrained | change |\n|---|---|---|---|\n" if base else "| metric | checkpoint |\n|---|---|\n"
+    head = "| metric | checkpoint | untrained | change |\n|---|--:|--:|--:|\n" if base else "| metric | checkpoint |\n|---|--:|\n"
     body = "".join(
         f"| {name} | {_fmt(v)} | {_fmt(b)} | {_fmt(v - b) if isinstance(v, (int, float)) and isinstance(b, (int, float)) else '–'} |\n" if base else f"| {name} | {_fmt(v)} |\n"
         for name, v, b in rows
     )
     note = "" if base else "\nno untrained baseline recorded in metrics.json\n"
-    return head + body + note + "".join(f"\n{m}: {r}" for m, r in skipped.items())
+    return head + body + note + ("\n" if skipped else "") + "".join(f"- {m}: {r}\n" for m, r in skipped.items())
 
 
 def prompt_following_chart(metrics: dict) -> bytes | None:

@@ -92,7 +92,7 @@ def test_the_evaluation_page_leads_with_a_table_against_the_untrained_baseline_a
     md = evaluation_page(tmp_path / "eval")
     assert list(md)[0] == "vs_untrained_baseline"
     table = md["vs_untrained_baseline"].value
-    assert "| held-out loss (lower is better) | 0.142 | 1.388 | -1.246 |" in table and len(table) < INLINE_LIMIT
+    assert "| held-out loss ↓ | 0.142 | 1.388 | -1.246 |" in table and len(table) < INLINE_LIMIT
     for chart in ("prompt_following_chart", "history_chart"):
         assert decode_md_png(md[chart].value).size[0] > 100
 
@@ -102,7 +102,7 @@ def test_a_skipped_metric_carries_its_reason(tmp_path):
     md = evaluation_page(tmp_path / "eval")
     assert md["fid"].value == "skipped: metrics.fid_extractor is not set"
     assert md["dino_mmd"].value == "skipped: metrics.dino_extractor is not set"
-    assert "cmmd: skipped: metrics.clip_extractor is not set" in md["vs_untrained_baseline"].value
+    assert "- cmmd: skipped: metrics.clip_extractor is not set" in md["vs_untrained_baseline"].value
 
 
 def test_an_evaluation_without_a_baseline_says_so(tmp_path):
