@@ -20,6 +20,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from kiln.progress import log
 from kiln.viz import markdown_image, svg_sparkline
 from training.plots import ema
 
@@ -123,13 +124,17 @@ def checkpoint_samples(out: Path, cfg, prompts: int = 4, per_prompt: int = 2) ->
 
     sc = cfg.train.sample
     texts = read_prompts(None)[:prompts]
-    gen = Generator.from_pretrained(Path(out)).eval()
-    height, width = checkpoint_resolution(Path(out), cfg)
-    own = read_sampler_settings(Path(out))
-    steps, scale = (own.steps, own.cfg_scale) if own else (sc.steps, sc.cfg_scale)
-    shift = own.shift if own and own.shift is not None else sampling_shift(gen, height, width, cfg.train)
-    with torch.no_grad():
-        images = generate(gen, texts, per_prompt, height, width, steps, scale, sc.seed, shift)
+    try:
+        gen = Generator.from_pretrained(Path(out)).eval()
+        height, width = checkpoint_resolution(Path(out), cfg)
+        own = read_sampler_settings(Path(out))
+        steps, scale = (own.steps, own.cfg_scale) if own else (sc.steps, sc.cfg_scale)
+        shift = own.shift if own and own.shift is not None else sampling_shift(gen, height, width, cfg.train)
+        with torch.no_grad():
+            images = generate(gen, texts, per_prompt, height, width, steps, scale, sc.seed, shift)
+    except Exception as e:  # noqa: BLE001 - a page's picture must not fail the checkpoint it describes
+        log.warning("checkpoint page: no samples for %s: %s", out, e)
+        return f"not drawn: {type(e).__name__}: {e}"
     return markdown_image(sample_grid(images, texts), "samples")
 
 

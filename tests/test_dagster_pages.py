@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from dagster_project.metadata import rejects_grid
-from dagster_project.pages import KEY_FIGURES, checkpoint_page, evaluation_page
+from dagster_project.pages import KEY_FIGURES, checkpoint_page, checkpoint_samples, evaluation_page
 from kiln.config import load_config
 from kiln.stage import Rejects
 from kiln.viz import placeholder_tile
@@ -135,3 +135,22 @@ def test_a_long_reason_label_wraps_instead_of_being_cut():
     short = image_grid(tiles, cols=2, cell=72, labels=["dup", "dup"])
     long = image_grid(tiles, cols=2, cell=72, labels=["too_small_for_every_bucket", "dup"])  # 26 characters, 12 fit a line
     assert long.height - short.height == 2 * 11  # two more lines of 11 px carry the rest of the label
+
+
+@pytest.mark.slow
+def test_a_real_trainer_output_makes_the_same_page_with_its_samples(tmp_path):
+    """The fixture folders above mirror what the trainer writes: a real micro run gives the same key figures
+    first, and its samples are drawn in memory (nothing is added to the checkpoint folder, a DVC output)."""
+    from model.testing import write_tiny_text_encoder
+    from training.testing import scene_rows, tiny_config, write_pack_output
+    from training.trainer import train
+
+    data = write_pack_output(tmp_path / "pack", scene_rows(24, seed=1, buckets=((32, 32),)))
+    cfg = tiny_config(write_tiny_text_encoder(tmp_path / "te"), steps=6)
+    out = train(data, tmp_path / "ckpt", cfg)
+    files = sorted(p.name for p in out.iterdir())
+    samples = checkpoint_samples(out, cfg, prompts=3)
+    md = checkpoint_page(out, samples=samples)
+    assert list(md)[: len(KEY_FIGURES)] == list(KEY_FIGURES) and "6 steps" in md["loss_curve"].value
+    assert decode_md_png(samples).height >= 3 * 96  # one row per prompt
+    assert sorted(p.name for p in out.iterdir()) == files
