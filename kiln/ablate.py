@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Annotated
 
@@ -125,7 +126,7 @@ def check_plan(plan: AblationPlan, root: Path) -> None:
         try:
             composed = dvc_compose(root, overrides)
         except Exception as e:  # Hydra's and OmegaConf's errors, as `dvc exp run -S` would meet them
-            hint = " (a key conf/ does not set is added with '+': +section.key=value)" if "not in struct" in str(e) or "Could not override" in str(e) else ""
+            hint = " (a key conf/ does not set is added with '+': +section.key=value)" if "not in struct" in str(e) and "+" not in str(e) else ""
             raise UserError(f"{where}: DVC's Hydra composition refuses {overrides}: {e}{hint}") from None
         try:
             load_config(overrides)
@@ -145,7 +146,8 @@ def dvc_compose(root: Path, overrides: list[str]) -> dict:
         hydra = repo.config.get("hydra", {})
     if not hydra.get("enabled"):
         raise UserError(f"{root}/.dvc/config: Hydra is not enabled (dvc config hydra.enabled true), so `-S` would not compose conf/")
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Hydra's version_base notice, which dvc triggers
         out = Path(tmp) / "params.yaml"
         compose_and_dump(out, str(root / hydra.get("config_dir", "conf")), None, hydra.get("config_name", "config"), str(root / hydra.get("plugins_path", "")), overrides)
         return yaml.safe_load(out.read_text()) or {}
