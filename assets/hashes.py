@@ -67,23 +67,37 @@ def mirror_phash(phash: bytes | np.ndarray) -> bytes | np.ndarray:
     return (np.frombuffer(phash, np.uint8) ^ mask).tobytes()
 
 
-def colorhash64(hsv: np.ndarray) -> bytes:
-    """64-bit colour hash of an HSV uint8 image (H, W, 3), as PIL's `convert("HSV")` gives it."""
-    h = hsv[..., 0].ravel().astype(np.float32) * (6.0 / 255.0)  # PIL hue 0..255 = 0..360 deg, in sectors
-    s = hsv[..., 1].ravel().astype(np.float32) / 255.0
-    v = hsv[..., 2].ravel().astype(np.float32) / 255.0
-    n = max(h.size, 1)
+def _colour_tables() -> tuple[np.ndarray, ...]:
+    """Every per-pixel quantity of `colorhash64` depends on one uint8 channel, so it is computed once for the
+    256 values, with the same float32 operations a per-pixel computation would do (the same bits)."""
+    u = np.arange(256).astype(np.float32)
+    h = u * (6.0 / 255.0)  # PIL hue 0..255 = 0..360 deg, in sectors
+    s = u / 255.0
+    v = u / 255.0
     # soft memberships (ramps SOFT wide around each threshold), so pixels near a boundary move shares a little
     dark = np.clip((DARK_V - v) / SOFT + 0.5, 0.0, 1.0)
-    grey = (1.0 - dark) * np.clip((GREY_S - s) / SOFT + 0.5, 0.0, 1.0)
-    colourful = 1.0 - dark - grey
+    unsaturated = np.clip((GREY_S - s) / SOFT + 0.5, 0.0, 1.0)
     # hue: split between the two nearest sector centres, so a hue near a boundary does not flip bins
     pos = h - 0.5  # sector centres at 30, 90, ... 330 degrees
     lo = np.floor(pos)
     frac = pos - lo
     lo_bin = lo.astype(np.int64) % 6
-    hue = np.bincount(lo_bin, weights=colourful * (1.0 - frac), minlength=6)
-    hue += np.bincount((lo_bin + 1) % 6, weights=colourful * frac, minlength=6)
+    return dark, unsaturated, frac, 1.0 - frac, lo_bin, (lo_bin + 1) % 6
+
+
+DARK_OF_V, UNSATURATED_OF_S, FRAC_OF_H, ONE_MINUS_FRAC_OF_H, LO_BIN_OF_H, HI_BIN_OF_H = _colour_tables()
+
+
+def colorhash64(hsv: np.ndarray) -> bytes:
+    """64-bit colour hash of an HSV uint8 image (H, W, 3), as PIL's `convert("HSV")` gives it."""
+    flat = hsv.reshape(-1, 3)
+    h, s, v = flat[:, 0], flat[:, 1], flat[:, 2]
+    n = max(len(flat), 1)
+    dark = DARK_OF_V[v]
+    grey = (1.0 - dark) * UNSATURATED_OF_S[s]
+    colourful = 1.0 - dark - grey
+    hue = np.bincount(LO_BIN_OF_H[h], weights=colourful * ONE_MINUS_FRAC_OF_H[h], minlength=6)
+    hue += np.bincount(HI_BIN_OF_H[h], weights=colourful * FRAC_OF_H[h], minlength=6)
     shares = np.concatenate([[dark.sum(), grey.sum()], hue]) / n
     levels = np.clip(np.rint(np.cbrt(shares) * COLOR_LEVELS), 0, COLOR_LEVELS).astype(np.int64)
     thermometer = np.arange(COLOR_LEVELS)[None, :] < levels[:, None]
