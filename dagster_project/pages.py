@@ -93,7 +93,7 @@ def checkpoint_page(
     if own_run and throughput:
         md["tokens_per_s"] = throughput.get("tokens_per_s")
         mfu = throughput.get("mfu")
-        md["mfu"] = mfu if mfu is not None else dg.MetadataValue.text("unknown: no peak FLOP/s known for this device (a CPU run)")
+        md["mfu"] = mfu if mfu is not None else dg.MetadataValue.text("unknown: no peak FLOP/s known for this device (a CPU, or a GPU kiln has no figure for)")
     if seen.get("train_set_version"):
         md["train_set_version"] = str(seen["train_set_version"])
     md |= details or {}
