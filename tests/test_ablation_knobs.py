@@ -18,7 +18,6 @@ from safetensors.torch import load_file
 from kiln.config import KilnConfig, TrainConfig
 from model.generator import Generator, resolve_dit_config
 from model.testing import micro_model_config
-from training.dcp import complete_checkpoints
 from training.telemetry import read_metrics
 from training.testing import scene_rows, tiny_config, write_pack_output
 from training.trainer import Runtime, init_generator, step_generator, train, train_step
