@@ -42,8 +42,13 @@ DECISIONS = ("pending", "approve", "reject")
 
 
 # ----------------------------------------------------------------------------------------- k-means
-def kmeans(x: np.ndarray, k: int, niter: int, seed: int, weights: np.ndarray | None = None, threads: int = 1, nredo: int = 5) -> tuple[np.ndarray, np.ndarray]:
-    """Spherical FAISS k-means: (centroids (k, d), label of each row). k is capped at the row count."""
+def kmeans(x: np.ndarray, k: int, niter: int, seed: int, weights: np.ndarray | None = None, threads: int = 1, nredo: int = 5,
+           tol: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Spherical FAISS k-means: (centroids (k, d), label of each row). k is capped at the row count.
+
+    Each of the `nredo` restarts stops before `niter` iterations once the objective changes by less than
+    `tol` (relative) from one iteration to the next; `tol=0` stops only at a fixed point, where further
+    iterations would change nothing (benchmarks/bench_kmeans.py measures the trade)."""
     import faiss
 
     faiss.omp_set_num_threads(threads)
@@ -51,6 +56,10 @@ def kmeans(x: np.ndarray, k: int, niter: int, seed: int, weights: np.ndarray | N
     k = max(1, min(k, len(x)))
     km = faiss.Kmeans(x.shape[1], k, niter=niter, nredo=nredo, seed=seed, spherical=True, verbose=False,
                       min_points_per_centroid=1, max_points_per_centroid=1 << 30)
+    if hasattr(km.cp, "early_stop_threshold"):
+        km.cp.early_stop_threshold = tol
+    elif tol > 0:
+        raise RuntimeError(f"k-means tol={tol} needs FAISS's early stop (faiss-cpu 1.15 has it, this is {faiss.__version__}); set data.clustering.kmeans_tol=0")
     km.train(x, weights=None if weights is None else np.ascontiguousarray(weights, np.float32))
     _, labels = km.index.search(x, 1)
     return km.centroids, labels[:, 0].astype(np.int64)
@@ -64,13 +73,13 @@ def canonical(labels: np.ndarray) -> np.ndarray:
     return rank[inverse]
 
 
-def hierarchical_kmeans(x: np.ndarray, levels: list[int], niter: int = 25, seed: int = 0, threads: int = 1) -> list[np.ndarray]:
+def hierarchical_kmeans(x: np.ndarray, levels: list[int], niter: int = 25, seed: int = 0, threads: int = 1, tol: float = 0.0) -> list[np.ndarray]:
     """One label array per level, coarse to fine; each finer cluster lies inside one coarser cluster.
 
     Top-down: k-means with levels[0] clusters over all rows, then each cluster is split again, into
     a share of the next level's clusters proportional to its size (at least one)."""
     x = l2_normalise(x)
-    _, top = kmeans(x, levels[0], niter, seed, threads=threads)
+    _, top = kmeans(x, levels[0], niter, seed, threads=threads, tol=tol)
     out = [canonical(top)]
     for k in levels[1:]:
         parent = out[-1]
@@ -79,7 +88,7 @@ def hierarchical_kmeans(x: np.ndarray, levels: list[int], niter: int = 25, seed:
         for p in range(int(parent.max()) + 1):
             rows = np.flatnonzero(parent == p)
             k_p = max(1, min(len(rows), int(round(k * len(rows) / len(x)))))
-            _, lab = kmeans(x[rows], k_p, niter, seed, threads=threads) if k_p > 1 else (None, np.zeros(len(rows), np.int64))
+            _, lab = kmeans(x[rows], k_p, niter, seed, threads=threads, tol=tol) if k_p > 1 else (None, np.zeros(len(rows), np.int64))
             child[rows] = base + canonical(lab)
             base = int(child[rows].max()) + 1
         out.append(canonical(child))
@@ -244,7 +253,7 @@ def cluster_rows(table: pa.Table, cfg: KilnConfig, namer: Namer | None = None, s
         return StageOutput(CLUSTERED.empty_table(), rejects.table()), []
     x = matrix(table)
     ids, uris = table.column("id").to_pylist(), table.column("uri").to_pylist()
-    labels = hierarchical_kmeans(x, c.levels, c.niter, c.seed, c.threads)
+    labels = hierarchical_kmeans(x, c.levels, c.niter, c.seed, c.threads, c.kmeans_tol)
     namer = namer or make_namer(cfg)
     row_of = {id_: i for i, id_ in enumerate(ids)}
     summaries = []
