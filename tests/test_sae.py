@@ -1,6 +1,7 @@
 """Top-k SAE: exactly k active features, reconstructs a planted sparse code, tags filter rows, safetensors weights."""
 
 import numpy as np
+import pytest
 import torch
 
 from assets.embed import matrix
@@ -37,11 +38,13 @@ def test_top_k_keeps_exactly_k_features():
     assert ((z != 0).sum(-1) <= 3).all() and (z >= 0).all()
 
 
-def test_sae_learns_a_planted_sparse_dictionary():
-    x = planted()
+@pytest.mark.parametrize("seed", [1, 2, 3])  # dictionaries other than seed 0's, the one the settings were first tried on
+def test_sae_learns_a_planted_sparse_dictionary(seed):
+    x = planted(seed=seed)
     sae, losses = train_sae(x, SAEConfig(features=24, k=2, steps=400, lr=1e-2))
     baseline = float(((x - x.mean(0)) ** 2).sum(1).mean())  # predicting the mean
-    assert losses[-1] < 0.15 * baseline and losses[-1] < losses[0]
+    # seeds 0-4 reach 0.2-0.7 % of the baseline; 3 % leaves room for float noise, not for a broken encoder
+    assert losses[-1] < 0.03 * baseline and losses[-1] < losses[0]
     z = activations(sae, x)
     assert ((z > 0).sum(1) <= 2).all()
 
