@@ -118,6 +118,10 @@ def test_adaln_gives_every_block_its_own_timestep_projection(text_encoder_dir):
 def test_modulation_none_feeds_the_timestep_only_as_tokens(text_encoder_dir):
     with pytest.raises(ValidationError, match="modulation=none needs timestep_tokens > 0"):
         micro_model_config(text_encoder_dir, modulation="none")
+    from model.dit import DiTConfig
+
+    with pytest.raises(ValueError, match="needs timestep_tokens > 0"):  # a config.json edited by hand
+        DiTConfig(width=WIDTH, depth=DEPTH, heads=HEADS, kv_heads=1, mlp_hidden=192, modulation="none")
     gen = _perturbed(init_generator(micro_model_config(text_encoder_dir, modulation="none", timestep_tokens=2), 0))
     assert not any("modulation" in name for name, _ in gen.named_parameters())
     x, t, text = _inputs(gen)
@@ -177,7 +181,7 @@ def _step_weights(out, step: int, gen) -> dict[str, torch.Tensor]:
 
 
 def test_the_ema_export_is_the_hand_computed_ema_of_the_steps_weights(data, text_encoder_dir, tmp_path):
-    decay = 0.5
+    decay = 0.75  # not 0.5: a decay applied the wrong way round would give the same average
     cfg = _cfg(text_encoder_dir, steps=2, ema_decay=decay, final_weights="ema", dcp={"every": 1, "keep": 3})
     out = tmp_path / "ema"
     _trains_one_step(data, out, cfg)
