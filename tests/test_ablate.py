@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kiln.dvcgen import EVAL_PARAMS, TRAIN_PARAMS, present_params
 from kiln.paths import REPO_ROOT
 
 BIN = Path(sys.executable).parent
@@ -55,19 +56,21 @@ def tiny_dvc_project(root: Path) -> Path:
     (root / "conf" / "train" / "micro.yaml").write_text(yaml.safe_dump(_merge(train, MICRO_TRAIN), sort_keys=False))
     top = (root / "conf" / "config.yaml").read_text().replace("- model: tiny", "- model: micro").replace("- train: demo", "- train: micro")
     (root / "conf" / "config.yaml").write_text(top)
-    stages = {
-        "checkpoint": {"cmd": "kiln train --data train_set --out data/checkpoint", "deps": ["train_set"], "params": ["seed", "model", "train"], "outs": ["data/checkpoint"]},
+    from dvc.utils.hydra import compose_and_dump
+
+    compose_and_dump(root / "params.yaml", str(root / "conf"), None, "config", str(root), [])  # what `dvc exp run` writes
+    composed = yaml.safe_load((root / "params.yaml").read_text())
+    stages = {  # the params the real dvc.yaml gives its training and evaluation stages
+        "checkpoint": {"cmd": "kiln train --data train_set --out data/checkpoint", "deps": ["train_set"],
+                       "params": present_params(TRAIN_PARAMS, composed), "outs": ["data/checkpoint"]},
         "evaluation": {"cmd": "kiln eval --checkpoint data/checkpoint --data train_set --out data/eval", "deps": ["data/checkpoint", "train_set"],
-                       "params": ["train.eval", "train.sample", "metrics"], "outs": ["data/eval"]},
+                       "params": present_params(EVAL_PARAMS, composed), "outs": ["data/eval"]},
     }  # fmt: skip
     (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages, "metrics": ["data/eval/metrics.json"]}, sort_keys=False))
     sh(root, "git", "init", "-q")
     sh(root, "dvc", "init", "-q")
     for key, value in (("hydra.enabled", "true"), ("hydra.config_dir", "conf"), ("hydra.config_name", "config")):
         sh(root, "dvc", "config", key, value)
-    from dvc.utils.hydra import compose_and_dump
-
-    compose_and_dump(root / "params.yaml", str(root / "conf"), None, "config", str(root), [])  # what `dvc exp run` writes
     sh(root, "git", "add", "-A")
     sh(root, "git", "commit", "-q", "-m", "tiny kiln project")
     return root
@@ -230,6 +233,17 @@ def test_the_demo_plan_is_a_valid_plan_for_this_repo():
     cfgs = {v.name: load_config([*plan.base, *v.overrides]) for v in plan.variants}
     assert cfgs["long_captions"].data.rewrite.form_probs["long"] == 1.0 and cfgs["short_captions"].data.rewrite.form_probs["short"] == 1.0
     assert (cfgs["long_captions"].train.optim.weights, cfgs["bf16_weights"].train.optim.weights) == ("fp32", "bf16")
+
+
+def test_the_stages_a_train_or_eval_override_changes_list_it_as_a_param():
+    """DVC reruns a stage only when its deps or its params changed, and otherwise restores it from its run
+    cache: a training or evaluation stage that did not list `train` would ignore `-S train.steps=50`."""
+    stages = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
+    training = [k for k, st in stages.items() if st["cmd"].startswith("kiln train ")]
+    assert training and "evaluation" in stages
+    for key in training:
+        assert {"train", "model", "seed", "data.rewrite"} <= set(stages[key]["params"]), key
+    assert {"train", "metrics"} <= set(stages["evaluation"]["params"])
 
 
 # ----------------------------------------------------------------------------- the comparison
