@@ -5,6 +5,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from caption_fixtures import deduped_rows, scene_image, shape, sign
+from held_out import HELD_OUT_SEEDS, held_out_demo
 
 from assets.classify import Labeller, RuleLabeller, VLMLabeller, classify_rows, make_labeller, sample_order
 from assets.embed import ClassicalEmbedder, embed_rows
@@ -36,18 +37,36 @@ def heads(rule, threshold, reject=True, reason="artifact"):
             "data.classify.holdout=0.5"]
 
 
-def test_head_learns_a_visual_pseudo_label_and_reports_held_out_precision_recall(demo_embedded):
-    overrides, root = demo_embedded
-    table = read_dataset(root / "embedded" / "kept")
-    # busy texture (signs, stripes) is visible in the embedding: the head must learn it well
-    out, [report] = classify_rows(table, load_config([*overrides, *heads("laplacian_var > 300", 0.5)]))
-    check_accounting("classify", table, out)
-    print(report)
-    assert report.trained and report.positives_holdout > 0
-    assert report.precision >= 0.6 and report.recall >= 0.5  # base rate: about 0.15
-    assert set(out.rejected.column("reason").to_pylist()) == {Reason.ARTIFACT}
-    assert min(out.rejected.column("value").to_pylist()) >= 0.5
-    assert out.kept.schema.equals(table.schema)
+@pytest.fixture(scope="module")
+def held_out_embedded(tmp_path_factory):
+    """EMBEDDED rows of three demo corpora the head's settings were never tried on (seeds 1-3)."""
+    tables = []
+    for seed in HELD_OUT_SEEDS:
+        root = tmp_path_factory.mktemp(f"demo-seed{seed}")
+        held_out_demo(root, seed, until="embed")
+        tables.append(read_dataset(root / "embedded" / "kept"))
+    return tables
+
+
+@pytest.mark.slow
+def test_head_learns_a_visual_pseudo_label_on_held_out_corpora(held_out_embedded):
+    """Busy texture (signs, stripes) is visible in the embedding: a head trained on 70 % of each corpus's
+    labelled sample finds it in the other 30 %. Precision and recall are pooled over the three corpora
+    (about 18 held-out positives; one corpus alone has 6, too few to hold to a bound), with the bounds
+    docs/curation.md states; the base rate is about 0.15."""
+    tp = predicted = positives = 0
+    for table in held_out_embedded:
+        out, [report] = classify_rows(table, load_config([*heads("laplacian_var > 300", 0.5), "data.classify.holdout=0.3"]))
+        check_accounting("classify", table, out)
+        assert report.trained and report.positives_holdout > 0
+        assert set(out.rejected.column("reason").to_pylist()) <= {Reason.ARTIFACT}
+        assert min(out.rejected.column("value").to_pylist(), default=1.0) >= 0.5
+        assert out.kept.schema.equals(table.schema)
+        hits = round((report.recall or 0) * report.positives_holdout)
+        tp, positives = tp + hits, positives + report.positives_holdout
+        predicted += round(hits / report.precision) if report.precision else 0
+    print("held-out precision", tp / predicted, "recall", tp / positives, "positives", positives)
+    assert tp / predicted >= 0.6 and tp / positives >= 0.5
 
 
 def test_high_threshold_removes_only_the_very_poor_and_report_only_heads_reject_nothing(demo_embedded):

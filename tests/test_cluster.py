@@ -7,6 +7,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from held_out import HELD_OUT_SEEDS, held_out_demo
 from sklearn.metrics import adjusted_rand_score
 
 from assets.cluster import (
@@ -19,7 +20,6 @@ from assets.cluster import (
     review_cli,
     review_rows,
 )
-from assets.demo_corpus import write_demo_corpus
 from kiln.config import load_config
 from kiln.reasons import Reason
 from kiln.schemas import CLUSTERED
@@ -61,15 +61,11 @@ def cfg_for(overrides):
 TOP_PURITY, TOP_OVER_CHANCE, LEAF_PURITY = 0.75, 0.25, 0.9
 
 
-@pytest.fixture(scope="module", params=[1, 2, 3])
+@pytest.fixture(scope="module", params=HELD_OUT_SEEDS)
 def held_out_clustered(request, tmp_path_factory):
     """A demo corpus of another seed through ingest -> filter -> dedup -> embed -> cluster: (clustered rows, family per row)."""
-    seed, root = request.param, tmp_path_factory.mktemp(f"demo-seed{request.param}")
-    write_demo_corpus(root / "raw", n=160, seed=seed, size=96)
-    cfg = cfg_for([f"data.caption.truth={root / 'raw' / 'truth.parquet'}", f"data.clustering.review_db={root / 'r.duckdb'}"])
-    for stage, src, dst in (("ingest", "raw", "manifest"), ("filter", "manifest", "filtered"), ("dedup", "filtered", "deduped"),
-                            ("embed", "deduped", "embedded"), ("cluster", "embedded", "clustered")):
-        run_stage(stage, root / src, root / dst, cfg)
+    root = tmp_path_factory.mktemp(f"demo-seed{request.param}")
+    held_out_demo(root, request.param, until="cluster")
     kept = read_dataset(root / "clustered" / "kept")
     truth = pq.read_table(root / "raw" / "truth.parquet").to_pandas().drop_duplicates("md5").set_index("md5")
     return kept, truth.loc[kept.column("md5").to_pylist(), "family"].tolist()
