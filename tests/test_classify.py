@@ -65,6 +65,7 @@ def test_head_learns_a_visual_pseudo_label_on_held_out_corpora(held_out_embedded
         hits = round((report.recall or 0) * report.positives_holdout)
         tp, positives = tp + hits, positives + report.positives_holdout
         predicted += round(hits / report.precision) if report.precision else 0
+    assert predicted > 0, "no head predicted a single held-out positive"
     print("held-out precision", tp / predicted, "recall", tp / positives, "positives", positives)
     assert tp / predicted >= 0.6 and tp / positives >= 0.5
 
