@@ -149,7 +149,7 @@ def border_share(rgb: np.ndarray) -> float:
     if h == w and h >= 2:  # the stats view is square: the four edge lines stack, and a photograph's are not flat
         edges = np.stack([side[0] for side in sides])  # (4, side, 3)
         dev = np.abs(edges.astype(np.float32) - _median_colour(edges)[:, None])
-        flat = (dev.max(axis=2) <= BORDER_TOL).mean(axis=1) >= BORDER_ROW_SHARE
+        flat = (np.maximum(np.maximum(dev[..., 0], dev[..., 1]), dev[..., 2]) <= BORDER_TOL).mean(axis=1) >= BORDER_ROW_SHARE
         top, bottom, left, right = (_band_depth(side) if f else 0 for side, f in zip(sides, flat.tolist()))
     else:
         top, bottom, left, right = (_band_depth(side) for side in sides)
@@ -168,12 +168,14 @@ def measure_pixels(views: Views, aspect: float) -> Measures:
     """Every statistic and both hashes of one image's small upright views (pure)."""
     rgb = views.stats
     grey = grey_of(rgb)
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    lo, hi = np.minimum(np.minimum(r, g), b), np.maximum(np.maximum(r, g), b)  # (a reduction over the 3-long axis is 10x slower)
     return Measures(
         aspect=float(aspect),
         laplacian_var=laplacian_var(grey),
         entropy=rgb_entropy(rgb),
-        white_ratio=float((rgb >= WHITE_LEVEL).all(axis=2).mean()),  # every channel white
-        black_ratio=float((rgb < BLACK_LEVEL).all(axis=2).mean()),  # no channel above black
+        white_ratio=float((lo >= WHITE_LEVEL).mean()),
+        black_ratio=float((hi < BLACK_LEVEL).mean()),
         border_share=border_share(rgb),
         flat_share=flat_share(grey),
         phash=phash12(views.hash_grey),
