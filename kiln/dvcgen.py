@@ -22,7 +22,7 @@ DATA = "data"
 # What `kiln train` and `kiln eval` read, as params: `dvc exp run -S train.steps=50` must rerun them (a stage
 # whose params did not change is restored from DVC's run cache, whatever params.yaml now says).
 TRAIN_PARAMS = ["seed", "model", "train", "ladder", "data.rewrite.form_probs"]
-EVAL_PARAMS = ["train", "metrics", "post.judge", "post.eval_prompts"]  # the sampler, shift and runtime are train's
+EVAL_PARAMS = ["train.eval", "train.sample", "train.timestep_shift", "train.timestep_max_shift", "metrics", "post.judge", "post.eval_prompts"]
 
 
 def _stage(cmd: str, deps: list[str], params: list[str], outs: list, **extra) -> dict:
