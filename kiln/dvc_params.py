@@ -2,10 +2,11 @@
 
 With Hydra enabled in .dvc/config, `dvc exp run -S train.steps=50` composes conf/ with the override into
 params.yaml and then runs the stages; a stage's command (`kiln train ... train.steps=560`) composes conf/
-itself and would never see it. So inside a DVC stage (DVC sets DVC_STAGE), load_config reads the
-params.yaml in the stage's folder, takes where it differs from conf/'s own composition, and applies those
-differences as overrides after the command's: `-S` wins over what dvc.yaml wrote, and a plain `dvc repro`
-(params.yaml equal to the composition) changes nothing.
+itself and would never see it. So inside a stage of a DVC experiment (DVC sets DVC_STAGE and DVC_EXP_NAME),
+load_config reads the params.yaml in the stage's folder, which DVC has just composed, takes where it differs
+from conf/'s own composition, and applies those differences as overrides after the command's: `-S` wins over
+what dvc.yaml wrote. A plain `dvc repro` composes nothing, so there kiln reads conf/ as everywhere else (a
+params.yaml older than an edit of conf/ cannot undo the edit).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ PARAMS_FILE = "params.yaml"  # where DVC's Hydra composition writes (dvc's Param
 
 
 def stage_overrides() -> list[str]:
-    """The overrides params.yaml carries beyond conf/, when running as a DVC stage; [] elsewhere."""
-    if not os.environ.get("DVC_STAGE"):
+    """The overrides params.yaml carries beyond conf/, in a stage of a DVC experiment; [] elsewhere."""
+    if not (os.environ.get("DVC_STAGE") and os.environ.get("DVC_EXP_NAME")):
         return []
     path = Path(PARAMS_FILE)
     if not path.is_file():

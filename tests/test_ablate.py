@@ -279,12 +279,16 @@ def test_the_overrides_read_from_params_yaml_recompose_it_exactly():
     assert diff_overrides(base, base) == []
 
 
-def test_outside_a_dvc_stage_params_yaml_is_not_read(tmp_path, monkeypatch):
+def test_params_yaml_is_read_only_in_a_stage_of_a_dvc_experiment(tmp_path, monkeypatch):
+    """`dvc exp run` has just composed params.yaml; a plain `dvc repro` has not (it may predate an edit of conf/)."""
     from kiln.dvc_params import stage_overrides
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "params.yaml").write_text("train:\n  steps: 2\n")
-    monkeypatch.delenv("DVC_STAGE", raising=False)
-    assert stage_overrides() == []
+    for var in ("DVC_STAGE", "DVC_EXP_NAME"):
+        monkeypatch.delenv(var, raising=False)
+    assert stage_overrides() == []  # kiln run by hand, Dagster
     monkeypatch.setenv("DVC_STAGE", "checkpoint")
-    assert "train.steps=2" in stage_overrides()
+    assert stage_overrides() == []  # dvc repro
+    monkeypatch.setenv("DVC_EXP_NAME", "two-steps")
+    assert "train.steps=2" in stage_overrides()  # dvc exp run
