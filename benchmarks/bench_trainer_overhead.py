@@ -1,0 +1,114 @@
+"""The full trainer's step rate against a minimal PyTorch loop on the same model and batches.
+
+The reference is the loop a user would write by hand, in its best configuration on this machine: the same
+Generator, text embeddings computed once up front, batches already in memory, AdamW, the flow loss,
+backward, clip, step, and nothing else; torch uses every core. kiln is `training.trainer.train` as the demo
+runs it (data stream, read-ahead, telemetry, LR schedule, the exported checkpoint), once per
+`train.loader_workers` setting. Steady-state step time is the median over the steps after a warm-up;
+start-up (config to the first step: model build, text-embedding cache) and the export are reported apart.
+Runs are interleaved (ref, kiln w0, kiln w1, ref, ...) so a noisy machine hits them alike; the figure
+that matters is ref / kiln, the share of the minimal loop's rate the trainer keeps.
+
+    .venv/bin/python benchmarks/bench_trainer_overhead.py [--steps 60 --repeats 3 --data PACK] [overrides ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from kiln.config import KilnConfig, load_config
+
+WARMUP = 5  # steps left out of the steady-state median (allocator, first-touch, thread start-up)
+
+
+def synthetic_pack(folder: Path, rows: int, cfg: KilnConfig) -> Path:
+    from training.testing import scene_rows, write_pack_output
+
+    side = cfg.data.pack.resolution
+    return write_pack_output(folder, scene_rows(rows, seed=0, buckets=((side, side),), batch_size=cfg.train.batch_size))
+
+
+def minimal_loop(data: Path, cfg: KilnConfig, steps: int) -> dict:
+    """The hand-written reference: every step is model work only."""
+    from model.flow import interpolate, velocity_target
+    from training.data import TrainSet
+    from training.objective import sample_timesteps
+    from training.trainer import init_generator
+
+    tc = cfg.train
+    torch.set_num_threads(tc.threads or torch.get_num_threads())
+    started = time.perf_counter()
+    data_set = TrainSet.from_dir(data, tc.batch_size, tc.holdout, cfg.data.rewrite.form_probs)
+    gen = init_generator(cfg.model, tc.seed)
+    batches = data_set.batches
+    x0s = [gen.autoencoder.encode(b.pixels) for b in batches]
+    with torch.no_grad():  # the frozen encoder's output, once per batch, as the trainer's text cache does
+        texts = [gen.encode_text(list(b.captions)) for b in batches]
+    opt = torch.optim.AdamW([p for p in gen.parameters() if p.requires_grad], lr=tc.lr, weight_decay=tc.weight_decay)
+    rng = torch.Generator().manual_seed(tc.seed)
+    gen.train()
+    startup = time.perf_counter() - started
+    seconds = []
+    for step in range(steps):
+        t0 = time.perf_counter()
+        i = step % len(batches)
+        x0, text = x0s[i], texts[i]
+        t = sample_timesteps(x0.shape[0], rng, tc.timestep_mean, tc.timestep_std, 1.0, "cpu")
+        eps = torch.randn(x0.shape, generator=rng)
+        loss = F.mse_loss(gen(interpolate(x0, eps, t), t, text), velocity_target(x0, eps))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(gen.parameters(), tc.grad_clip)
+        opt.step()
+        seconds.append(time.perf_counter() - t0)
+    return {"startup_s": startup, "step_s": statistics.median(seconds[WARMUP:]), "total_s": time.perf_counter() - started}
+
+
+def kiln_trainer(data: Path, cfg: KilnConfig, steps: int, workers: int, out: Path) -> dict:
+    from training.telemetry import read_metrics
+    from training.trainer import train
+
+    run = cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": steps, "loader_workers": workers, "log_every": 0, "holdout": 0})})
+    started = time.perf_counter()
+    train(data, out, run, overwrite=True)
+    total = time.perf_counter() - started
+    seconds = [r["seconds"] for r in read_metrics(out / "metrics.jsonl")]
+    return {"startup_s": total - sum(seconds), "step_s": statistics.median(seconds[WARMUP:]), "total_s": total}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--data", type=Path, default=None, help="a pack stage output (default: 320 synthetic demo scenes)")
+    ap.add_argument("--workers", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    cfg = load_config(args.overrides)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        data = args.data or synthetic_pack(tmp / "pack", 320, cfg)
+        runs: dict[str, list[dict]] = {"reference": []} | {f"kiln w{w}": [] for w in args.workers}
+        for r in range(args.repeats):
+            runs["reference"].append(minimal_loop(data, cfg, args.steps))
+            for w in args.workers:
+                runs[f"kiln w{w}"].append(kiln_trainer(data, cfg, args.steps, w, tmp / f"run{w}"))
+            print(f"repeat {r + 1}/{args.repeats}: " + ", ".join(f"{k} {v[-1]['step_s']:.3f} s/step" for k, v in runs.items()), flush=True)
+    med = {k: {m: statistics.median(x[m] for x in v) for m in ("step_s", "startup_s", "total_s")} for k, v in runs.items()}
+    ref = med["reference"]["step_s"]
+    print(f"\n{'':10} {'s/step':>8} {'ref/kiln':>9} {'start-up s':>11}")
+    for k, m in med.items():
+        print(f"{k:10} {m['step_s']:8.3f} {ref / m['step_s']:9.2f} {m['startup_s']:11.1f}")
+    print(json.dumps({"threads": torch.get_num_threads(), "steps": args.steps, "repeats": args.repeats, "median": med, "ratio": {k: ref / m["step_s"] for k, m in med.items()}}))
+
+
+if __name__ == "__main__":
+    main()
