@@ -46,6 +46,7 @@ def resolve_dit_config(cfg: ModelConfig, in_channels: int | None = None) -> DiTC
         gated_attention=cfg.attention_gate,
         rope_fraction=cfg.rope_fraction,
         mlp=cfg.mlp,
+        abs_pos=cfg.abs_pos,
     )
 
 

@@ -73,6 +73,7 @@ KNOBS = {  # name -> model overrides, each a non-default value
     "timestep_tokens_only": {"modulation": "none", "timestep_tokens": 2},
     "partial_rope": {"rope_fraction": 0.5},
     "gelu": {"mlp": "gelu"},
+    "abs_pos": {"abs_pos": True},
 }
 
 
@@ -148,6 +149,21 @@ def test_partial_rope_rotates_that_share_of_each_head(text_encoder_dir):
     for fraction, turning in ((1.0, 24), (0.5, 12)):
         dit = init_generator(micro_model_config(text_encoder_dir, rope_fraction=fraction), 0).dit
         assert int((dit._rope(16, 8, 8, 96, torch.device("cpu"))[1] != 0).any(0).sum()) == turning
+
+
+def test_absolute_positions_tell_the_tokens_where_they_are_without_new_weights(text_encoder_dir):
+    from model.dit import sincos_2d
+
+    emb = sincos_2d(4, 4, WIDTH)
+    assert emb.shape == (16, WIDTH) and len({tuple(r.tolist()) for r in emb}) == 16  # one code per patch
+    # a row's code depends on its row only, a column's on its column only (first half: rows, second: columns)
+    assert torch.equal(emb[0, : WIDTH // 2], emb[3, : WIDTH // 2]) and torch.equal(emb[0, WIDTH // 2 :], emb[12, WIDTH // 2 :])
+    plain = _perturbed(init_generator(micro_model_config(text_encoder_dir), 0))
+    placed = init_generator(micro_model_config(text_encoder_dir, abs_pos=True), 0)
+    placed.load_state_dict(plain.state_dict())  # the same weights: the positions are fixed, not learned
+    x, t, text = _inputs(plain)
+    with torch.no_grad():
+        assert not torch.allclose(plain.eval()(x, t, text), placed.eval()(x, t, text), atol=1e-4)
 
 
 def test_the_gelu_mlp_is_4x_wide_at_the_flops_of_swiglu(text_encoder_dir):
