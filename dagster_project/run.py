@@ -42,6 +42,10 @@ def job_for(select: list[str] | None, everything: bool, job: str | None = None) 
         return d.defs.resolve_job_def(job)
     if not select and not everything:
         return d.defs.resolve_job_def("main")
+    known = {a.key.to_user_string() for a in d.all_assets}
+    unknown = sorted(set(select or []) - known)
+    if unknown:
+        raise ConfigError(f"no asset {', '.join(map(repr, unknown))}; assets: {', '.join(sorted(known))}")
     keys = [dg.AssetKey(k) for k in select] if select else [a.key for a in d.all_assets]
     adhoc = dg.define_asset_job("kiln_run", selection=dg.AssetSelection.assets(*keys), hooks={kiln_progress_line})
     return dg.Definitions(assets=d.defs.assets, asset_checks=d.defs.asset_checks, jobs=[adhoc], resources=d.defs.resources).resolve_job_def("kiln_run")
@@ -59,14 +63,15 @@ def check_graph_profile(cfg) -> None:
 
 def materialize_all(overrides: list[str] | None = None, select: list[str] | None = None, everything: bool = False, job: str | None = None) -> bool:
     """The main job by default (raw images to an evaluated checkpoint); `select` names assets; `everything` adds the branches."""
-    dagster_home()
     resource = KilnResource(overrides=list(overrides or []), data_dir=str(data_dir()))
     cfg = resource.config()  # a config that cannot run fails here, before any asset
     os.environ["KILN_OVERRIDES"] = shlex.join(resource.overrides)  # the graph (its ladder, its code versions) is this profile's
     check_graph_profile(cfg)
     check_source([u for u in source_uris(cfg.data.source) if u != "demo"])  # and so does a source that cannot be read
     logging.getLogger().setLevel(logging.WARNING)  # one line per asset says it (progress.py); details stay in the event log
-    result = job_for(select, everything, job).execute_in_process(
+    chosen = job_for(select, everything, job)  # an unknown job or asset is refused before anything is created
+    dagster_home()
+    result = chosen.execute_in_process(
         run_config={"resources": {"kiln": {"config": {"overrides": resource.overrides, "data_dir": resource.data_dir}}}, **QUIET_CONSOLE},
         instance=dg.DagsterInstance.get(),
         tags={"kiln/entry": "kiln run"},

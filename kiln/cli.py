@@ -268,7 +268,11 @@ def cmd_distill(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from dagster_project.run import materialize_all
 
-    return 0 if materialize_all(args.overrides, select=args.select, everything=args.all, job=args.job) else 1
+    select, overrides = args.select, list(args.overrides)
+    if select:  # `--select a b key=value`: argparse gives the override to --select; an asset key never holds "="
+        overrides += [s for s in select if "=" in s]
+        select = [s for s in select if "=" not in s]
+    return 0 if materialize_all(overrides, select=select, everything=args.all, job=args.job) else 1
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
