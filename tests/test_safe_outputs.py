@@ -49,8 +49,9 @@ def files_under(folder: Path) -> dict[str, bytes]:
 
 
 def leftovers(parent: Path) -> list[str]:
-    """Temporary or set-aside folders a write left beside its output."""
-    return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
+    """Temporary or set-aside folders a write left beside its output (not .profiles/, the drift checks' store
+    of each output's previous profile, kept beside the outputs on purpose: assets/drift.py)."""
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith(".") and p.name != ".profiles")
 
 
 # ------------------------------------------------------------------------------- the input is never an output
