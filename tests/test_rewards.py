@@ -146,6 +146,29 @@ def test_a_reward_model_saves_and_loads_and_refuses_another_embedder(tmp_path):
         AestheticReward(loaded, Other()).score(RubricPrompt("x"), np.zeros((1, 8, 8, 3), np.uint8))
 
 
+def test_an_aesthetic_reward_named_in_config_scores_with_the_embedder_its_head_was_fit_on(tmp_path):
+    """`post.rewards` may name the aesthetic reward by its reward_model folder: the mix pairs and GRPO build
+    then embeds with `data.embed` (the demo's offline descriptor) and prefers what the head was fit to prefer."""
+    from PIL import ImageFilter
+
+    from assets.demo_scenes import render, sample_scene
+    from assets.embed import ClassicalEmbedder
+    from kiln.config import load_config
+    from training.rewards import configured_reward_mix
+
+    rng = np.random.default_rng(0)
+    clean = [render(sample_scene(rng, "single_shape"), 64, 64) for _ in range(40)]
+    blurred = [im.filter(ImageFilter.GaussianBlur(3)) for im in clean]
+    emb = ClassicalEmbedder()
+    BradleyTerry.fit(emb.embed(clean[:30]), emb.embed(blurred[:30]), emb.name).save(tmp_path / "reward_model")
+    cfg = load_config([f"post.rewards=[{{name: aesthetic, path: {tmp_path / 'reward_model'}}}]"])
+    mix = configured_reward_mix(cfg)
+    images = np.stack([np.asarray(im) for im in clean[30:] + blurred[30:]])
+    total, parts = mix.score(RubricPrompt("a shape"), images)
+    assert set(parts) == {"aesthetic"} and ((total > 0) & (total < 1)).all()
+    assert (total[:10] > total[10:]).mean() >= 0.8  # held-out scenes: the sharp drawing over its blurred copy
+
+
 # ---------------------------------------------------------------------------------------- artifact
 def tiny_classifier(path, labels=("clean", "artifact")):
     import torch

@@ -49,7 +49,7 @@ def check_post_config(cfg: KilnConfig) -> None:
 def grpo(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = False, stop_at: int | None = None, mix=None) -> Path:
     """RL from `checkpoint` into `out` (model.safetensors + config.json, DCP step checkpoints, history).
     `mix`: a training.rewards.RewardMix to use instead of the configured `post.rewards`."""
-    from training.rewards import make_reward_mix
+    from training.rewards import configured_reward_mix
     from training.sampling import checkpoint_resolution, sampling_shift
 
     check_post_config(cfg)
@@ -63,7 +63,7 @@ def grpo(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = False, sto
         height, width = (post.resolution, post.resolution) if post.resolution else checkpoint_resolution(Path(checkpoint), cfg)
         shift = sampling_shift(policy, height, width, cfg.train)
         ds = policy.autoencoder.downsample
-        mix = mix or make_reward_mix(post)
+        mix = mix or configured_reward_mix(cfg)
         end = last_step(post.iterations, stop_at)
         for it in progress(range(run.start, end), desc="grpo", unit="iter", total=end - run.start):
             t0 = time.perf_counter()

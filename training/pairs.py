@@ -63,7 +63,7 @@ def make_pairs(checkpoint: Path, out: Path, cfg: KilnConfig) -> dict:
     """On-policy pairs from `checkpoint` into OUT/pairs.parquet; returns counts and mean rewards."""
     from model.generator import Generator
     from training.grpo_train import check_post_config, rl_prompts
-    from training.rewards import make_reward_mix
+    from training.rewards import configured_reward_mix
     from training.sampling import checkpoint_resolution, generate, sampling_shift
 
     check_post_config(cfg)
@@ -71,7 +71,7 @@ def make_pairs(checkpoint: Path, out: Path, cfg: KilnConfig) -> dict:
     gen = Generator.from_pretrained(checkpoint)
     h, w = checkpoint_resolution(Path(checkpoint), cfg)
     prompts = rl_prompts(cfg)[: post.pair_prompts]
-    mix = make_reward_mix(post)
+    mix = configured_reward_mix(cfg)
     rows: dict[str, list] = {f.name: [] for f in PAIRS}
     seed = post.seed
     images = generate(gen, [p.prompt for p in prompts], post.pair_k, h, w, cfg.train.sample.steps, cfg.train.sample.cfg_scale, seed, sampling_shift(gen, h, w, cfg.train))

@@ -234,6 +234,17 @@ def make_reward_mix(post, embedder=None) -> RewardMix:
     return RewardMix(out)
 
 
+def configured_reward_mix(cfg) -> RewardMix:
+    """The mix `post.rewards` names, as pairs and GRPO use it: an aesthetic reward scores with the image embedder
+    of `data.embed` (the one training.reward_model fit its head on; another embedder is refused by name)."""
+    embedder = None
+    if any(r.name == "aesthetic" for r in cfg.post.rewards):
+        from assets.embed import make_embedder
+
+        embedder = make_embedder(cfg.data.embed)
+    return make_reward_mix(cfg.post, embedder)
+
+
 def post_problems(post) -> list[tuple[str, str]]:
     """(key, problem) for each model post-training would need and cannot find: checked before any work."""
     out = []
