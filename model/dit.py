@@ -48,6 +48,7 @@ class DiTConfig:
     rope_fraction: float = 1.0  # share of each head's dims RoPE rotates
     mlp: Literal["swiglu", "gelu"] = "swiglu"
     abs_pos: bool = False  # add fixed 2-D sin-cos positions to the patch tokens (besides RoPE)
+    prediction: Literal["v", "x"] = "v"  # x: the head outputs the clean image; forward still returns the velocity
 
     def __post_init__(self) -> None:
         if self.modulation == "none" and not self.timestep_tokens:
@@ -55,6 +56,15 @@ class DiTConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+X_PRED_MIN_T = 0.05  # JiT's clip: near t = 0 the division would turn a small error in x0 into a huge one in v
+
+
+def velocity_from_clean(x_t: Tensor, x0: Tensor, t: Tensor) -> Tensor:
+    """v = eps - x0 = (x_t - x0) / t under model.flow's x_t = (1 - t) x0 + t eps: an x-predicting head
+    serves every sampler, loss and post-training loop that expects a velocity (Li & He, JiT, 2025)."""
+    return (x_t.float() - x0.float()) / t.float().clamp(min=X_PRED_MIN_T).view(-1, *([1] * (x_t.dim() - 1)))
 
 
 # --------------------------------------------------------------------------------------- patch helpers
@@ -291,8 +301,10 @@ class DiT(nn.Module):
         if self.final_modulation is not None:
             shift, scale = self.final_modulation(c).unsqueeze(1).chunk(2, dim=-1)
             out = out * (1 + scale) + shift
-        out = self.final(out)
-        return unpatchify(out, p, self.cfg.in_channels, h, w).to(x.dtype)
+        out = unpatchify(self.final(out), p, self.cfg.in_channels, h, w)
+        if self.cfg.prediction == "x":
+            out = velocity_from_clean(x, out, t)
+        return out.to(x.dtype)
 
     def _routed_blocks(self, seq: Tensor, rope: tuple[Tensor, Tensor], key_mask: Tensor, shared: Tensor | None, c: Tensor, route: TokenRoute, image_start: int) -> Tensor:
         """The blocks with `route`'s image tokens leaving before block route.start and rejoining, as they

@@ -47,6 +47,7 @@ def resolve_dit_config(cfg: ModelConfig, in_channels: int | None = None) -> DiTC
         rope_fraction=cfg.rope_fraction,
         mlp=cfg.mlp,
         abs_pos=cfg.abs_pos,
+        prediction=cfg.prediction,
     )
 
 

@@ -74,6 +74,7 @@ KNOBS = {  # name -> model overrides, each a non-default value
     "partial_rope": {"rope_fraction": 0.5},
     "gelu": {"mlp": "gelu"},
     "abs_pos": {"abs_pos": True},
+    "x_prediction": {"prediction": "x"},
 }
 
 
@@ -164,6 +165,22 @@ def test_absolute_positions_tell_the_tokens_where_they_are_without_new_weights(t
     x, t, text = _inputs(plain)
     with torch.no_grad():
         assert not torch.allclose(plain.eval()(x, t, text), placed.eval()(x, t, text), atol=1e-4)
+
+
+@pytest.mark.parametrize("t", [0.02, 0.3, 0.9])
+def test_x_prediction_turns_the_heads_clean_image_into_the_velocity(text_encoder_dir, t):
+    """With the same weights, the v-model's output is what the x-model's head predicts as the clean image;
+    the x-model returns the velocity (x_t - x0) / t that leads from x_t to it, with t clipped at 0.05."""
+    v_model = _perturbed(init_generator(micro_model_config(text_encoder_dir), 0))
+    x_model = init_generator(micro_model_config(text_encoder_dir, prediction="x"), 0).eval()
+    x_model.load_state_dict(v_model.state_dict())  # no new weights
+    x_t, times, text = _inputs(v_model, t)
+    with torch.no_grad():
+        clean = v_model(x_t, times, text)
+        velocity = x_model(x_t, times, text)
+    assert torch.allclose(velocity, (x_t - clean) / max(t, 0.05), atol=1e-4)
+    if t >= 0.05:  # one Euler step of the whole remaining time lands on the predicted clean image
+        assert torch.allclose(x_t - t * velocity, clean, atol=1e-4)
 
 
 def test_the_gelu_mlp_is_4x_wide_at_the_flops_of_swiglu(text_encoder_dir):
