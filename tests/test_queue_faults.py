@@ -181,6 +181,25 @@ def test_kiln_map_on_postgres_gives_new_results_for_a_new_config(manifests, tmp_
     assert again == small
 
 
+@pytest.mark.integration
+def test_kiln_map_embedded_runs_a_named_table_afresh_for_a_new_config_or_input(manifests, tmp_path, monkeypatch):
+    """Even mapped into one table by name, the embedded warehouse never hands back another config's or another
+    input's results: its job records both, and a change empties the job's folders before any row runs."""
+    from kiln.warehouse.cli import run_map
+
+    monkeypatch.setenv("KILN_DATA", str(tmp_path / "data"))  # the embedded warehouse: this test's, not the checkout's
+    quiet = {"log": lambda _: None}
+
+    def embedded(input_name: str, out: str, min_side: int):
+        cfg = load_config([f"data.filters.min_side={min_side}", "cluster.workers=1"])
+        return run_map("filter", manifests / input_name, tmp_path / out, cfg, None, 1, "shared", **quiet)
+
+    small, large = embedded("six", "a", 128), embedded("six", "b", 150)
+    assert (too_small(small), too_small(large)) == (2, 4)
+    four = embedded("four", "c", 150)  # four of the six rows: no row of the six-row job comes back
+    assert four.input_rows == four.kept + four.rejected == 4
+
+
 @pytest.mark.postgres
 @pytest.mark.integration
 def test_kiln_map_fails_when_rows_out_are_not_the_rows_in(manifests, tmp_path, dsn):
