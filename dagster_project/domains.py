@@ -3,7 +3,8 @@
 `checkpoint_<domain>` is the trainer on `train_set_<domain>` (the domain's mix) from `checkpoint`, one per
 `ladder.domains` entry; `checkpoint_merged` merges them against `checkpoint` as the base (training/merge.py,
 `post.merge`), searching the candidate weights for the best mean domain score. Its page leads with the
-table every merge decision rests on: each domain SFT, the base and the merge, scored on every domain.
+table every merge decision rests on: each domain SFT, the base and the merge, scored on every domain, then the
+merge's evaluation row (prompt following per attribute, held-out loss, distribution metrics, NFEs, seconds).
 Post-training (preference pairs, DPO) then starts from the merge (kiln.ladder.post_base).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from dagster_project.assets import EVAL_SET
 from dagster_project.ladder import checkpoint_asset
 from dagster_project.pages import checkpoint_page, checkpoint_samples
 from dagster_project.resources import KilnResource
@@ -39,7 +41,9 @@ def _merged_asset() -> dg.AssetsDefinition:
         "and a search over candidate weights); per-domain scores of every domain SFT, the base and the merge first.",
     )
     def checkpoint_merged(kiln: KilnResource) -> dg.MaterializeResult:
+        from dagster_project.post_training import evaluation_metadata
         from training.domains import merge_domains
+        from training.evaluate import evaluation_row
 
         out = kiln.path(MERGED)
         report = merge_domains(kiln.path(FINAL), {r.name: kiln.path(r.checkpoint) for r in DOMAINS}, out, kiln.config())
@@ -50,6 +54,8 @@ def _merged_asset() -> dg.AssetsDefinition:
             **{f"merge_vs_best_single.{d}": round(table["merge"][d] / best_single[d], 4) for d in best_single if best_single[d]},
             "scores": dg.MetadataValue.md(score_table(table)),
         }
+        row, _ = evaluation_row(out, kiln.path(EVAL_SET), kiln.config())  # the merge as a checkpoint: the evaluation every rung gets
+        md |= evaluation_metadata("merge", row)
         details = {"candidates": dg.MetadataValue.json(report["search"]["candidates"])}
         samples = checkpoint_samples(out, kiln.config())
         return dg.MaterializeResult(metadata=checkpoint_page(out, headline=md, samples=samples, details=details, trained_here=False))

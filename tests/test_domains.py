@@ -83,6 +83,7 @@ def test_checkpoint_merged_merges_the_domain_sfts_and_scores_each_on_every_domai
     import dagster as dg
     from safetensors.torch import load_file
 
+    from dagster_project.assets import EVAL_SET
     from dagster_project.domains import domain_assets
     from dagster_project.resources import KilnResource
     from model.testing import write_tiny_text_encoder
@@ -91,7 +92,7 @@ def test_checkpoint_merged_merges_the_domain_sfts_and_scores_each_on_every_domai
     from training.trainer import train
 
     te, data = write_tiny_text_encoder(tmp_path / "te"), tmp_path / "data"
-    train(write_pack_output(tmp_path / "base_set", scene_rows(24, seed=1)), data / "checkpoint", tiny_config(te, steps=4))
+    train(write_pack_output(data / EVAL_SET, scene_rows(24, seed=1)), data / "checkpoint", tiny_config(te, steps=4))
     for name, seed in (("single", 2), ("counted", 3)):  # two "domains": other rows, from the same base
         train(write_pack_output(tmp_path / name, scene_rows(16, seed=seed)), data / f"checkpoint_{name}", tiny_config(te, steps=3, init_from=str(data / "checkpoint")))
     fast = ["train.eval.n_per_prompt=1", "train.eval.steps=2", "ladder.domains.0.eval_n=2", "ladder.domains.1.eval_n=2", "post.merge.method=linear", "post.merge.search=[]"]
@@ -108,6 +109,9 @@ def test_checkpoint_merged_merges_the_domain_sfts_and_scores_each_on_every_domai
     assert (out / "heldout.json").read_text() == (data / "checkpoint" / "heldout.json").read_text()  # the base's held-out rows
     md = result.asset_materializations_for_node(MERGED)[0].metadata
     assert "| merge |" in md["scores"].value and {"merge.single", "merge.counted"} <= set(md)
+    # and the merge's evaluation row, as every rung has: prompt following per attribute, held-out loss, the cost
+    assert {"prompt_following_merge.all", "prompt_following_merge.color", "heldout_loss_merge", "seconds_per_image_merge"} <= set(md)
+    assert md["heldout_loss_merge"].value > 0 and md["nfe_per_image_merge"].value == 2 * 2  # 2 steps, CFG
 
 
 def test_kiln_run_job_runs_a_named_job_of_the_definitions():
