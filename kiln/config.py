@@ -477,7 +477,12 @@ class ParallelConfig(Strict):
     sequence_parallel: bool = Field(False, description="shard the residual stream over tp along the sequence between blocks")
     activation_checkpointing: Literal["none", "selective", "full"] = "none"
     compile: bool = Field(False, description="torch.compile per block (CPU: single process only)")
-    float8: bool = Field(False, description="torchao float8 training on GPU (skipped with a warning when unavailable)")
+    float8: bool = Field(False, description="torchao float8 training of the DiT blocks' large Linears; GPU-only: CUDA capability 8.9+ and torchao, else the run is refused")
+    float8_recipe: Literal["tensorwise", "rowwise"] = Field("tensorwise", description="torchao float8 scaling: one scale per tensor (fastest) or per row (more accurate)")
+    float8_min_dim: int = Field(1024, ge=16, le=2**20, description="Linears with a side below this stay bf16 (float8's casts cost more than they save on small matmuls)")
+    attention: Literal["auto", "flash", "cudnn", "efficient", "math"] = Field("auto", description="SDPA backend (torch.nn.attention.sdpa_kernel); auto = torch's choice; one the device lacks refuses the run")
+    async_tp: bool = Field(False, description="GPU-only: overlap TP collectives with matmuls (torch symmetric memory, inductor micro-pipelining); needs tp > 1 and compile")
+    watchdog_timeout_s: float = Field(600.0, ge=10, le=86400, description="process-group timeout: a collective stuck this long (an NCCL hang) fails the job, dumping the flight recorder")
 
 
 class OptimConfig(Strict):
@@ -530,6 +535,7 @@ class TelemetryConfig(Strict):
     spike_z: float = Field(6.0, gt=0, le=1000, description="a value this many standard deviations above the window mean is a spike")
     peak_tflops: float | None = Field(None, gt=0, le=1e6, description="one device's peak TFLOP/s for MFU; None = known GPUs from a table, else no MFU")
     gpu_every: int = Field(10, ge=0, le=MAX_STEPS, description="record NVML counters every N steps on a GPU; 0 = never")
+    straggler_factor: float = Field(1.5, gt=1, le=1000, description="a rank whose step took this many times the median rank's is flagged a straggler")
 
 
 class TrainConfig(Strict):
@@ -578,6 +584,11 @@ class TrainConfig(Strict):
             raise PairError("final_weights=pma needs pma_k > 0", "final_weights", "pma_k")
         if self.route.frac > 0 and self.parallel.sequence_parallel:
             raise PairError("route.frac > 0 changes the sequence length between blocks: not with parallel.sequence_parallel", "route.frac", "parallel.sequence_parallel")
+        on_gpu = self.device.startswith("cuda")  # whether this machine has one is checked when the run starts (training/gpu_settings.py)
+        if self.parallel.float8 and not on_gpu:
+            raise PairError("parallel.float8 is GPU-only (torchao float8 needs CUDA capability 8.9+): set device=cuda or float8=false", "parallel.float8", "device")
+        if self.parallel.async_tp and not (on_gpu and self.parallel.tp > 1 and self.parallel.compile):
+            raise PairError("parallel.async_tp is GPU-only and needs tp > 1 and compile=true (symmetric memory + inductor)", "parallel.async_tp", "device", "parallel.tp", "parallel.compile")
         return self
 
 
@@ -856,7 +867,6 @@ class StyleConfig(Strict):
 
 
 class KilnConfig(Strict):
-    seed: Seed = 0
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()

@@ -64,7 +64,7 @@ class LaunchedTask(Checkpointable):
             return fn(*self.spec.args, cfg=self.cfg, **self.spec.kwargs)
         from slurm.environment import close_distributed, init_distributed
 
-        init_distributed()
+        init_distributed(self.cfg.train.parallel.watchdog_timeout_s)  # a hung collective fails the job (NCCL's watchdog)
         result = fn(*self.spec.args, cfg=self.cfg, **self.spec.kwargs)
         close_distributed()  # only on success: a failed peer would leave the barrier hanging
         return result

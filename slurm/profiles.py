@@ -42,9 +42,28 @@ def setup_lines(cluster: ClusterConfig, snapshot: Path | None) -> list[str]:
     return lines + list(cluster.setup)
 
 
+def flight_recorder_lines(cluster: ClusterConfig) -> list[str]:
+    """NCCL flight recorder for GPU training jobs: each rank keeps its last collectives in a ring buffer and
+    dumps it when the watchdog times out (train.parallel.watchdog_timeout_s), so a hang says which rank
+    stopped in which collective (`python -m torch.distributed.flight_recorder.fr_trace <dir>`). The dumps go
+    to the job's log folder; a variable the profile's `env` sets wins."""
+    if not cluster.gpus_per_node:
+        return []
+    dump = f"{Path(cluster.log_dir).resolve()}/$SLURM_JOB_ID/nccl_trace_rank_"
+    env = {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": dump,
+        "TORCH_FR_DUMP_TEMP_FILE": dump,  # the newer name of the same setting
+    }
+    return [f'export {k}="{v}"' for k, v in env.items() if k not in cluster.env]
+
+
 def executor_parameters(cluster: ClusterConfig, kind: JobKind, job_name: str, snapshot: Path | None = None) -> dict[str, Any]:
     """The `update_parameters` of an AutoExecutor; generic keys for every executor, `slurm_*` for Slurm."""
     setup = setup_lines(cluster, snapshot)
+    if kind == "train":
+        setup = flight_recorder_lines(cluster) + setup
     if kind == "train":
         p: dict[str, Any] = {
             "name": job_name,

@@ -41,12 +41,16 @@ def launched_distributed() -> bool:
     return dist.is_initialized() or ("MASTER_ADDR" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1)
 
 
-def init_distributed(device_type: str) -> bool:
+def init_distributed(device_type: str, timeout_s: float | None = None) -> bool:
     """Join the job's process group (env://) when launched as one; returns whether this call created it
-    (and so should destroy it). A plain single-process run gets no group: there is nothing to talk to."""
+    (and so should destroy it). A plain single-process run gets no group: there is nothing to talk to.
+    `timeout_s`: a collective stuck this long fails the job (NCCL's watchdog; torch's default if None)."""
     if dist.is_initialized() or not launched_distributed():
         return False
-    dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    from datetime import timedelta
+
+    timeout = timedelta(seconds=timeout_s) if timeout_s else None
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", timeout=timeout)
     return True
 
 

@@ -213,22 +213,36 @@ def apply_compile(blocks: nn.ModuleList, device_type: str, distributed: bool) ->
         block.compile()
 
 
-def apply_float8(model: nn.Module, device_type: str) -> bool:
-    """torchao float8 training for the DiT blocks' Linears on GPU; returns whether it was applied."""
+def float8_filter(min_dim: int):
+    """Which Linears torchao converts to float8 (torchtitan's rule): those of the DiT blocks only, so the
+    first layers (patch, timestep and text embedders, the text refiner) and the last (the final layer)
+    stay bf16, and of those only the large ones: both sides at least `min_dim` and multiples of 16 (the
+    float8 matmul's alignment); on a small projection float8's casts cost more than the matmul saves."""
+
+    def keep(module: nn.Module, fqn: str) -> bool:
+        if not isinstance(module, nn.Linear) or not f".{fqn}".startswith(".dit.blocks."):
+            return False
+        sides = (module.in_features, module.out_features)
+        return min(sides) >= min_dim and all(n % 16 == 0 for n in sides)
+
+    return keep
+
+
+def apply_float8(model: nn.Module, cfg: ParallelConfig, device_type: str) -> int:
+    """torchao float8 training for the DiT blocks' large Linears; returns how many were converted.
+    A machine without CUDA or torchao is refused before this (training/gpu_settings.py); here too, so it
+    can never quietly run in bf16."""
     if device_type != "cuda":
-        log.warning("parallel.float8 needs a CUDA device: skipped")
-        return False
-    try:
-        from torchao.float8 import convert_to_float8_training
-    except ImportError:
-        log.warning("parallel.float8: torchao is not installed: skipped")
-        return False
+        raise ValueError("parallel.float8 needs a CUDA device (capability 8.9+); this run is on " + device_type)
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    def only_blocks(module: nn.Module, fqn: str) -> bool:
-        return isinstance(module, nn.Linear) and ".blocks." in f".{fqn}" and module.in_features % 16 == 0 and module.out_features % 16 == 0
-
-    convert_to_float8_training(model.dit, module_filter_fn=only_blocks)
-    return True
+    keep = float8_filter(cfg.float8_min_dim)
+    n = sum(keep(m, name) for name, m in model.named_modules())
+    if n == 0:
+        raise ValueError(f"parallel.float8: no DiT Linear has both sides >= float8_min_dim={cfg.float8_min_dim}; lower it or turn float8 off")
+    convert_to_float8_training(model, module_filter_fn=keep, config=Float8LinearConfig.from_recipe_name(cfg.float8_recipe))
+    log.info("parallel.float8: %d Linears in float8 (%s scaling)", n, cfg.float8_recipe)
+    return n
 
 
 # ---------------------------------------------------------------------------------------------- FSDP
@@ -255,12 +269,16 @@ def apply_fsdp(model: nn.Module, dp_mesh, device_type: str) -> None:
 def parallelize(model: nn.Module, mesh, cfg: ParallelConfig, device_type: str) -> nn.Module:
     """Apply TP, activation checkpointing, compile and FSDP2 to a Generator (in place) and return it.
 
-    `mesh=None` is the single-process path: only checkpointing / compile / float8 apply."""
+    `mesh=None` is the single-process path: only checkpointing / compile / float8 apply (async TP needs tp > 1)."""
     if cfg.float8:
-        apply_float8(model, device_type)
+        apply_float8(model, cfg, device_type)
     distributed = mesh is not None
     if distributed and mesh["tp"].size() > 1:
         apply_tp(model, mesh["tp"], cfg.sequence_parallel)
+        if cfg.async_tp:
+            from training.gpu_settings import enable_async_tp
+
+            enable_async_tp(mesh["tp"])
     blocks = [model.text_fusion.refiner, model.dit.blocks]
     for group in blocks:
         apply_activation_checkpointing(group, cfg.activation_checkpointing)

@@ -241,6 +241,7 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
     from training.dcp import Checkpointer, LoadPolicy, RunState
     from training.distributed import build_ranks, export_checkpoint, init_distributed, local_rows
     from training.eval_protocol import dataset_version
+    from training.gpu_settings import attention_context, check_gpu_settings
     from training.gpu_telemetry import GpuMonitor, peak_tflops
     from training.loader import Prefetcher, latent_encoder
     from training.muon import make_optimizer
@@ -248,14 +249,16 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
     from training.parallel import parallelize
     from training.repa import build_repa, repa_active
     from training.schedules import wsd_lr
+    from training.stragglers import find_stragglers, gather_rank_seconds
     from training.telemetry import StepRecord, Telemetry
     from training.text_cache import TextCache
 
     tc = cfg.train
     out_dir = Path(out_dir)
+    check_gpu_settings(cfg)  # a GPU-only setting this machine cannot run refuses the run before anything is built
     runtime = setup_runtime(tc)
     device = runtime.device
-    created = init_distributed(device.type)
+    created = init_distributed(device.type, tc.parallel.watchdog_timeout_s)
     ckpt = None
     try:
         mesh, ranks = build_ranks(tc.parallel.tp, device.type)
@@ -314,11 +317,13 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
                 rows = local_rows(batch.size, ranks.dp_rank, ranks.dp_size)
                 on = repa is not None and repa_active(tc.repa, step)
                 images = from_uint8_nhwc(batch.pixels, device) if on else None
-                result = train_step(gen, opt, x0, text, null, step_generator(tc.seed, step), tc, lr, shift, runtime, rows, ranks.dp_size, repa if on else None, repa_opt if on else None, images)
+                with attention_context(tc.parallel.attention):
+                    result = train_step(gen, opt, x0, text, null, step_generator(tc.seed, step), tc, lr, shift, runtime, rows, ranks.dp_size, repa if on else None, repa_opt if on else None, images)
                 if ema is not None and not result.skipped:
                     ema.update(gen)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
+                rank_seconds = gather_rank_seconds(time.perf_counter() - started, device) if ranks.world > 1 else None
                 if not result.skipped:
                     last = result.loss
                     loss_ema = last if loss_ema is None else 0.98 * loss_ema + 0.02 * last
@@ -326,7 +331,8 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
                 done = step + 1
                 if telemetry is not None:
                     counters = gpu.sample().to_dict() if gpu is not None and done % tel.gpu_every == 0 else {}
-                    telemetry.log(StepRecord(done, result.loss, result.grad_norm, lr, batch.size, batch.size * tokens, time.perf_counter() - started, flops_per_sample[batch.bucket] * batch.size, ranks.world, peak, result.repa_loss, counters))
+                    stragglers = find_stragglers(rank_seconds, tel.straggler_factor) if rank_seconds else []
+                    telemetry.log(StepRecord(done, result.loss, result.grad_norm, lr, batch.size, batch.size * tokens, time.perf_counter() - started, flops_per_sample[batch.bucket] * batch.size, ranks.world, peak, result.repa_loss, counters, rank_seconds, stragglers))
                     if tc.log_every and done % tc.log_every == 0:
                         log.info("step %d loss %.4f (ema %.4f) grad %.3f lr %.2e", done, result.loss, loss_ema or math.nan, result.grad_norm, lr)
                 if result.skipped:
