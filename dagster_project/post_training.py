@@ -35,16 +35,20 @@ def evaluation_metadata(name: str, row: dict) -> dict:
 
 def compare(before: Path, after: Path, cfg, data_dir: Path) -> dict:
     """Both checkpoints under the evaluation protocol (training.evaluate.evaluation_row, held-out rows of
-    `data_dir`), with their sample grids; the gain in prompt following first."""
+    `data_dir`), with their sample grids and the configured reward mix's means on the evaluation's images;
+    the gain in prompt following first."""
     from training.evaluate import eval_rubric, evaluation_row
     from training.plots import sample_grid
+    from training.rewards import configured_reward_mix, reward_means
 
     rows, md = {}, {}
     rubric = eval_rubric(cfg)  # one judge for both
+    mix = configured_reward_mix(cfg, judge=rubric[1])
     prompts = [p.prompt for p in rubric[0]]
     for name, ckpt in (("before", before), ("after", after)):
         rows[name], images = evaluation_row(ckpt, data_dir, cfg, rubric)
         md |= evaluation_metadata(name, rows[name])
+        md |= {f"reward_mean_{name}.{k}": v for k, v in reward_means(mix, rubric[0], images).items() if v is not None}
         md[f"samples_{name}"] = dg.MetadataValue.md(markdown_image(sample_grid(images, prompts), f"samples {name}"))
     gain = {"prompt_following_gain.all": round(rows["after"]["prompt_following"]["all"] - rows["before"]["prompt_following"]["all"], 4)}
     if all(v is None for r in rows.values() for v in r["distribution"].values()):

@@ -36,6 +36,8 @@ def test_the_post_training_assets_materialize_in_order_with_their_comparisons(tm
         assert 0.0 <= md["prompt_following_after.all"].value <= 1.0 and "data:image/png;base64," in md["samples"].value  # the "after" grid
         assert "prompt_following_gain.all" in md and md["heldout_loss_after"].value > 0 and md["nfe_per_image_after"].value == 3 * 2  # 3 steps, CFG
         assert "skipped" in md["distribution_metrics"].value  # no extractor set: said, not silently dropped
+        assert all(0.0 <= md[f"reward_mean_{when}.{r}"].value <= 1.0 for when in ("before", "after") for r in ("mix", "rubric"))  # the reward mix on the evaluation's images
+        assert "data:image/png;base64," in md["samples_before"].value  # and the "before" grid
     student = result.asset_materializations_for_node("checkpoint_student")[0].metadata
     assert student["nfe_per_image_after"].value == 2 and student["nfe_per_image_teacher_2_steps"].value == 2 * 2  # no CFG; the naive teacher keeps CFG
     assert "prompt_following_teacher_2_steps.all" in student and "speedup_vs_teacher" in student

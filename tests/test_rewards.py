@@ -64,6 +64,38 @@ def test_the_llm_requirement_writer_loads_a_causal_lm_by_path_and_returns_a_rubr
     assert writer.decoding["do_sample"] is False
 
 
+def test_a_rubric_set_keeps_prompts_given_requirements_and_rejects_the_rest_with_a_reason(tmp_path):
+    """What an LLM answers is parsed into requirements; a prompt it wrote no question for is rejected, not lost."""
+    import json
+
+    from training.rubric import RUBRIC_FILE, write_rubric_set
+
+    answers = {"a red circle on a blue background": "Q: Is there a circle?\nQ: Is it red?\nQ: Is the background blue?", "a feeling of calm": "I cannot say."}
+    report = write_rubric_set(list(answers), lambda p: RubricPrompt(p, parse_questions(answers[p])), tmp_path / "rubric", {"model": "llm"})
+    assert report == {"prompts_in": 2, "prompts": 1, "rejected": 1, "decoding": {"model": "llm"}}
+    (kept,) = read_prompt_set(tmp_path / "rubric" / RUBRIC_FILE)
+    assert kept.prompt == "a red circle on a blue background" and [r.question for r in kept.requirements][-1] == "Is the background blue?"
+    rejected = [json.loads(x) for x in (tmp_path / "rubric" / "rejected.jsonl").read_text().splitlines()]
+    assert rejected == [{"prompt": "a feeling of calm", "reason": "no_requirements"}]
+
+
+def test_kiln_rubric_writes_a_prompt_set_with_a_causal_lm_by_path(tmp_path, capsys):
+    import json
+
+    from caption_fixtures import write_tiny_causal_lm
+
+    from kiln.cli import main
+
+    llm = write_tiny_causal_lm(tmp_path / "llm")
+    (tmp_path / "prompts.txt").write_text("# real prompts\na red circle\n\na sign that says \"OPEN\"\n")
+    argv = ["rubric", "--prompts", str(tmp_path / "prompts.txt"), "--llm", str(llm), "--out", str(tmp_path / "rubric"), "--max-new-tokens", "8"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["prompts_in"] == 2 and report["prompts"] + report["rejected"] == 2  # every prompt kept or rejected
+    assert report["decoding"]["model"] == str(llm) and report["decoding"]["do_sample"] is False
+    assert json.loads((tmp_path / "rubric" / "rubric.json").read_text()) == report
+
+
 def test_a_vlm_judge_answers_each_requirement_with_a_probability(vlm):
     from training.rubric import VLMJudge
 
@@ -205,6 +237,25 @@ def test_the_mix_renormalises_weights_where_a_reward_cannot_score_a_prompt():
     mix = RewardMix([(Const("rubric", [1.0, 0.0]), 3.0), (Const("text", [np.nan, 1.0]), 1.0)])
     total, parts = mix.score(RubricPrompt("p", (Requirement("color", "red", "?"),)), np.zeros((2, 4, 4, 3), np.uint8))
     assert total.tolist() == [1.0, 0.25] and set(parts) == {"rubric", "text"}
+
+
+def test_reward_means_average_the_mix_and_each_reward_over_the_images_it_could_score():
+    """What a post-training checkpoint's page reports before and after: the mix's mean and each reward's."""
+    from training.rewards import reward_means
+
+    class ByPrompt:
+        def __init__(self, name, table):
+            self.name, self.table = name, table
+
+        def score(self, prompt, images):
+            return np.asarray(self.table[prompt.prompt], float)
+
+    mix = RewardMix([(ByPrompt("rubric", {"a": [1.0, 0.0], "b": [0.5, 0.5]}), 1.0), (ByPrompt("text", {"a": [np.nan, np.nan], "b": [1.0, 0.0]}), 1.0)])
+    means = reward_means(mix, [RubricPrompt("a"), RubricPrompt("b")], np.zeros((2, 2, 4, 4, 3), np.uint8))
+    # mix per image: a -> [1, 0] (text cannot score it), b -> [0.75, 0.25]; text only over b's two images
+    assert means == {"mix": 0.5, "rubric": 0.5, "text": 0.5}
+    nothing = RewardMix([(ByPrompt("text", {"a": [np.nan]}), 1.0)])
+    assert reward_means(nothing, [RubricPrompt("a")], np.zeros((1, 1, 4, 4, 3), np.uint8)) == {"mix": None, "text": None}
 
 
 def test_the_rubric_with_the_pixel_judge_scores_exactly_what_the_demo_checker_did():

@@ -213,12 +213,13 @@ def make_judge(post) -> Judge:
     return VLMJudge(post.judge_vlm_path, device=post.device)
 
 
-def make_reward_mix(post, embedder=None) -> RewardMix:
-    """The configured rewards with their weights (`post.rewards`); `embedder` scores the aesthetic reward."""
+def make_reward_mix(post, embedder=None, judge: Judge | None = None) -> RewardMix:
+    """The configured rewards with their weights (`post.rewards`); `embedder` scores the aesthetic reward;
+    `judge`: the rubric's, when the caller has already loaded it (a VLM is loaded once)."""
     out: list[tuple[Reward, float]] = []
     for spec in post.rewards:
         if spec.name == "rubric":
-            out.append((RubricReward(make_judge(post)), spec.weight))
+            out.append((RubricReward(judge or make_judge(post)), spec.weight))
         elif spec.name == "text":
             from assets.ocr import RapidOCREngine
 
@@ -234,7 +235,7 @@ def make_reward_mix(post, embedder=None) -> RewardMix:
     return RewardMix(out)
 
 
-def configured_reward_mix(cfg) -> RewardMix:
+def configured_reward_mix(cfg, judge: Judge | None = None) -> RewardMix:
     """The mix `post.rewards` names, as pairs and GRPO use it: an aesthetic reward scores with the image embedder
     of `data.embed` (the one training.reward_model fit its head on; another embedder is refused by name)."""
     embedder = None
@@ -242,7 +243,23 @@ def configured_reward_mix(cfg) -> RewardMix:
         from assets.embed import make_embedder
 
         embedder = make_embedder(cfg.data.embed)
-    return make_reward_mix(cfg.post, embedder)
+    return make_reward_mix(cfg.post, embedder, judge)
+
+
+def reward_means(mix: RewardMix, prompts: list[RubricPrompt], images: np.ndarray) -> dict[str, float | None]:
+    """The mix and each of its rewards averaged over uint8 [P, N, H, W, 3] images of `prompts` (a checkpoint's
+    evaluation images): `mix` and one entry per reward name, over the images each could score (None: none)."""
+    scored: dict[str, list[np.ndarray]] = {"mix": []}
+    for rp, ims in zip(prompts, images, strict=True):
+        total, parts = mix.score(rp, ims)
+        scored["mix"].append(total)
+        for name, v in parts.items():
+            scored.setdefault(name, []).append(v)
+    out: dict[str, float | None] = {}
+    for name, vs in scored.items():
+        v = np.concatenate(vs)
+        out[name] = round(float(np.nanmean(v)), 6) if (~np.isnan(v)).any() else None
+    return out
 
 
 def post_problems(post) -> list[tuple[str, str]]:

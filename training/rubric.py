@@ -9,7 +9,8 @@ Two judges:
   on the demo's scene grammar (a stand-in for a VLM judge, named as one: it only reads demo drawings).
 - `VLMJudge`: any VLM by path, asked each requirement's yes/no question about the image; the score is
   P(yes) from the first answer token's logits, the VLM labeller's method (assets/classify.py).
-Requirements for prompts outside the demo's grammar are written by an LLM by path (`LLMRequirementWriter`).
+Requirements for prompts outside the demo's grammar are written by an LLM by path (`LLMRequirementWriter`;
+`kiln rubric --prompts FILE --llm PATH --out DIR` turns a plain prompt file into a rubric set).
 """
 
 from __future__ import annotations
@@ -205,6 +206,60 @@ def parse_questions(text: str) -> tuple[Requirement, ...]:
     """'Q: ...?' lines of an LLM's answer as free-form requirements (duplicates dropped, order kept)."""
     qs = [line.split("Q:", 1)[1].strip() for line in text.splitlines() if "Q:" in line]
     return tuple(Requirement("free", q, q) for q in dict.fromkeys(q for q in qs if q))
+
+
+# ------------------------------------------------------------------------------- a rubric set from prompts
+RUBRIC_FILE = "prompts.jsonl"
+
+
+def write_rubric_set(prompts: list[str], write, out: Path, decoding: dict | None = None, overwrite: bool = False) -> dict:
+    """OUT/prompts.jsonl: the rubric prompt set (`post.prompts`, `post.eval_prompts`) of plain prompts, each with
+    the requirements `write(prompt) -> RubricPrompt` gives it (LLMRequirementWriter.write for real prompts).
+    A prompt given no requirement cannot be judged: it goes to OUT/rejected.jsonl with reason
+    `no_requirements`, so every prompt is in one file or the other. OUT/rubric.json: counts and `decoding`."""
+    from kiln.outputs import check_output, staged_output, write_marker
+    from kiln.reasons import Reason
+
+    out = Path(out)
+    check_output(out, None, overwrite)
+    kept, rejected = [], []
+    for prompt in prompts:
+        rp = write(prompt)
+        if rp.requirements:
+            kept.append(rp)
+        else:
+            rejected.append({"prompt": prompt, "reason": Reason.NO_REQUIREMENTS.value})
+    report = {"prompts_in": len(prompts), "prompts": len(kept), "rejected": len(rejected), "decoding": decoding}
+    with staged_output(out) as tmp:
+        (tmp / RUBRIC_FILE).write_text("".join(p.to_json() + "\n" for p in kept))
+        (tmp / "rejected.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rejected))
+        (tmp / "rubric.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        write_marker(tmp, "rubric")
+    return report
+
+
+def add_parser(subparsers):
+    a = subparsers.add_parser("rubric", help="a rubric prompt set (post.prompts / post.eval_prompts) from plain prompts, requirements written by an LLM by path")
+    a.add_argument("--prompts", required=True, help="plain prompts, one a line (blank lines and #-comments skipped)")
+    a.add_argument("--llm", required=True, help="a causal LM folder (Hugging Face) that writes each prompt's yes/no questions")
+    a.add_argument("--out", required=True, help="OUT/prompts.jsonl (the set), OUT/rejected.jsonl (prompts it wrote no question for), OUT/rubric.json")
+    a.add_argument("--max-new-tokens", type=int, default=96)
+    a.add_argument("--device", default="cpu")
+    a.add_argument("--overwrite", action="store_true", help="replace an OUT holding files kiln did not write")
+    a.set_defaults(fn=rubric_cli)
+    return a
+
+
+def rubric_cli(args) -> int:
+    from training.sampling import read_prompts
+
+    if not 1 <= args.max_new_tokens <= 4096:
+        print(f"kiln rubric: --max-new-tokens {args.max_new_tokens} is not in 1..4096")
+        return 2
+    writer = LLMRequirementWriter(args.llm, args.max_new_tokens, args.device)
+    report = write_rubric_set(read_prompts(args.prompts), writer.write, Path(args.out), writer.decoding, args.overwrite)
+    print(json.dumps(report, indent=2, sort_keys=True))
+    return 0
 
 
 # ------------------------------------------------------------------------------------------- scoring
