@@ -21,8 +21,18 @@ from kiln.paths import REPO_ROOT
 DATA = "data"
 # What `kiln train` and `kiln eval` read, as params: `dvc exp run -S train.steps=50` must rerun them (a stage
 # whose params did not change is restored from DVC's run cache, whatever params.yaml now says).
-TRAIN_PARAMS = ["seed", "model", "train", "ladder", "data.rewrite.form_probs"]
+TRAIN_PARAMS = ["model", "train", "ladder", "data.rewrite.form_probs"]
 EVAL_PARAMS = ["train.eval", "train.sample", "train.timestep_shift", "train.timestep_max_shift", "metrics", "post.judge", "post.eval_prompts"]
+
+
+def train_files(name: str) -> list[str]:
+    """conf/train/<name>.yaml and the files of its group that its Hydra `defaults` list pulls in (a shared
+    `_ladder_base`), bases first: an edit of a base reruns every rung built on it."""
+    path = REPO_ROOT / "conf" / "train" / f"{name}.yaml"
+    own = f"conf/train/{name}.yaml"
+    data = yaml.safe_load(path.read_text()) if path.is_file() else None
+    bases = [b for b in (data or {}).get("defaults", []) if isinstance(b, str) and b != "_self_"]
+    return [f for base in bases for f in train_files(base)] + [own]
 
 
 def _stage(cmd: str, deps: list[str], params: list[str], outs: list, **extra) -> dict:
@@ -62,7 +72,7 @@ def _data_stages(cfg, user: list[str]) -> dict:
         cmd = _cmd(f"kiln stage {s.stage} --input {DATA}/{s.reads} --output {DATA}/{s.key}", step_config_overrides(s, DATA, user))
         inputs = [f"{DATA}/{s.upstream if s.upstream_path is None else s.upstream_path.split('/')[0]}"]
         inputs += [f"{DATA}/{d}" for d in s.extra_deps]
-        rung_files = [f"conf/train/{s.rung.train}.yaml"] if s.rung else []
+        rung_files = train_files(s.rung.train) if s.rung else []
         params = list(s.params) + (["train"] if s.rung else [])  # a rung's train set reads its train config (batch size, mix)
         stages[s.key] = _stage(cmd, inputs + _config_files(s.key, cfg) + rung_files + list(stage_code_files(s.stage)), params, [f"{DATA}/{s.key}"])
     return stages
@@ -89,7 +99,7 @@ def _rung_stages(ladder, user: list[str]) -> dict:
     """`kiln train` per rung (of the ladder, or the domain SFT rungs), from the checkpoint its rung starts from."""
     stages = {}
     for r in ladder:
-        deps = [f"{DATA}/{r.train_set}", *([f"{DATA}/{r.start}"] if r.start else []), f"conf/train/{r.train}.yaml", *code_files("training.trainer")]
+        deps = [f"{DATA}/{r.train_set}", *([f"{DATA}/{r.start}"] if r.start else []), *train_files(r.train), *code_files("training.trainer")]
         cmd = _cmd(f"kiln train --data {DATA}/{r.train_set} --out {DATA}/{r.checkpoint}", checkpoint_overrides(r, user, DATA))
         stages[r.checkpoint] = _stage(cmd, deps, TRAIN_PARAMS, [f"{DATA}/{r.checkpoint}"])
     return stages
