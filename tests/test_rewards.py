@@ -258,6 +258,15 @@ def test_reward_means_average_the_mix_and_each_reward_over_the_images_it_could_s
     assert reward_means(nothing, [RubricPrompt("a")], np.zeros((1, 1, 4, 4, 3), np.uint8)) == {"mix": None, "text": None}
 
 
+def test_a_prompt_without_requirements_does_not_count_as_all_right():
+    prompts, images = demo_images()
+    wrong = np.roll(images, 1, axis=0)  # every prompt gets another prompt's drawing: few are all right
+    _, summary = rubric_scores(DemoPixelJudge(), prompts, wrong)
+    unscored = RubricPrompt("a feeling of calm")  # e.g. an LLM found nothing to check
+    _, with_it = rubric_scores(DemoPixelJudge(), [*prompts, unscored], np.concatenate([wrong, wrong[:1]]))
+    assert with_it == summary
+
+
 def test_the_rubric_with_the_pixel_judge_scores_exactly_what_the_demo_checker_did():
     """The evaluation's prompt following moved onto the rubric; on the demo its numbers are the checker's."""
     from assets.demo_scenes import demo_prompts

@@ -265,16 +265,18 @@ def rubric_cli(args) -> int:
 # ------------------------------------------------------------------------------------------- scoring
 def rubric_scores(judge: Judge, prompts: list[RubricPrompt], images: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
     """Per image, the mean requirement score ([P, N] for uint8 [P, N, H, W, 3]), and per attribute the mean
-    over every image that was asked it, plus `all`: the share of images meeting every requirement (> 0.5)."""
+    over every image that was asked it, plus `all`: the share of images meeting every requirement (> 0.5), over
+    the prompts that have requirements."""
     per_image = np.zeros(images.shape[:2], np.float64)
     by_attr: dict[str, list[float]] = {}
     all_right: list[bool] = []
     for p, (rp, ims) in enumerate(zip(prompts, images, strict=True)):
-        answers = judge.answer(rp, ims)
+        answers = judge.answer(rp, ims) if rp.requirements else np.zeros((len(ims), 0))
         per_image[p] = answers.mean(1) if answers.shape[1] else 0.0
         for j, req in enumerate(rp.requirements):
             by_attr.setdefault(req.attribute, []).extend((answers[:, j] > 0.5).tolist())
-        all_right.extend((answers > 0.5).all(1).tolist())
+        if rp.requirements:  # a prompt with nothing to check is no evidence either way
+            all_right.extend((answers > 0.5).all(1).tolist())
     summary = {a: round(float(np.mean(v)), 4) for a, v in sorted(by_attr.items())}
     summary["all"] = round(float(np.mean(all_right)), 4) if all_right else 0.0
     return per_image, summary
