@@ -98,7 +98,7 @@ def checkpoint_dpo(kiln: KilnResource) -> dg.MaterializeResult:
 
     cfg = kiln.config()
     base = post_base(cfg)
-    out = dpo(kiln.path(base), kiln.path("preference_pairs"), kiln.path("checkpoint_dpo"), cfg)
+    out = dpo(kiln.path(base), kiln.path("preference_pairs"), kiln.path("checkpoint_dpo"), cfg, overwrite=True)  # the asset owns its folder
     info = json.loads((out / "dpo.json").read_text())
     md = compare(kiln.path(base), out, cfg, kiln.path(EVAL_SET))
     md |= _history_means(out / "dpo_history.jsonl", ["loss", "winner_loglik", "loser_loglik", "accuracy"])
@@ -112,7 +112,7 @@ def checkpoint_grpo(kiln: KilnResource) -> dg.MaterializeResult:
     from training.grpo_train import grpo
 
     cfg = kiln.config()
-    out = grpo(kiln.path("checkpoint_dpo"), kiln.path("checkpoint_grpo"), cfg)
+    out = grpo(kiln.path("checkpoint_dpo"), kiln.path("checkpoint_grpo"), cfg, overwrite=True)  # the asset owns its folder
     md = compare(kiln.path("checkpoint_dpo"), out, cfg, kiln.path(EVAL_SET))
     md |= _history_means(out / "grpo_history.jsonl", ["reward", "kl", "clipped"])
     return dg.MaterializeResult(metadata=post_page(out, md, (out / "grpo_history.jsonl", "reward")))
@@ -128,7 +128,7 @@ def checkpoint_student(kiln: KilnResource) -> dg.MaterializeResult:
 
     cfg = kiln.config()
     teacher = kiln.path("checkpoint_grpo")
-    out = distill(teacher, kiln.path("checkpoint_student"), cfg)
+    out = distill(teacher, kiln.path("checkpoint_student"), cfg, overwrite=True)  # the asset owns its folder
     md = compare(teacher, out, cfg, kiln.path(EVAL_SET))
     steps = read_sampler_settings(out).steps
     naive = cfg.model_copy(update={"train": cfg.train.model_copy(update={"eval": cfg.train.eval.model_copy(update={"steps": steps})})})

@@ -36,7 +36,7 @@ def checkpoint_style(kiln: KilnResource) -> dg.MaterializeResult:
     from training.style_train import style_train
 
     cfg = kiln.config()
-    out = style_train(kiln.path(BASE), kiln.path("checkpoint_style"), cfg)
+    out = style_train(kiln.path(BASE), kiln.path("checkpoint_style"), cfg, overwrite=True)  # the asset owns its folder
     report = evaluate_style_checkpoint(out, cfg)
     (out / "style_eval.json").write_text(json.dumps(report, indent=2) + "\n")
     history = [json.loads(x) for x in (out / "style_history.jsonl").read_text().splitlines()]

@@ -194,14 +194,22 @@ def cmd_reward_model(args: argparse.Namespace) -> int:
 def cmd_dpo(args: argparse.Namespace) -> int:
     from training.dpo_train import dpo
 
-    print(dpo(Path(args.checkpoint), Path(args.pairs), Path(args.out), _cfg(args.overrides), resume=args.resume, source=args.source))
+    try:
+        print(dpo(Path(args.checkpoint), Path(args.pairs), Path(args.out), _cfg(args.overrides), resume=args.resume, source=args.source, overwrite=args.overwrite))
+    except (FileExistsError, ValueError) as e:  # an earlier run's checkpoints in OUT, --resume with --overwrite: one plain message
+        print(f"kiln: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
 def cmd_grpo(args: argparse.Namespace) -> int:
     from training.grpo_train import grpo
 
-    print(grpo(Path(args.checkpoint), Path(args.out), _cfg(args.overrides), resume=args.resume))
+    try:
+        print(grpo(Path(args.checkpoint), Path(args.out), _cfg(args.overrides), resume=args.resume, overwrite=args.overwrite))
+    except (FileExistsError, ValueError) as e:  # an earlier run's checkpoints in OUT, --resume with --overwrite: one plain message
+        print(f"kiln: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -237,8 +245,8 @@ def cmd_style_train(args: argparse.Namespace) -> int:
 
     cfg = _cfg(args.overrides)
     try:
-        out = style_train(Path(args.checkpoint), Path(args.out), cfg, resume=args.resume)
-    except (FileNotFoundError, ValueError) as e:  # a missing or unusable checkpoint: one plain message
+        out = style_train(Path(args.checkpoint), Path(args.out), cfg, resume=args.resume, overwrite=args.overwrite)
+    except (FileNotFoundError, FileExistsError, ValueError) as e:  # a missing or unusable checkpoint, an earlier run in OUT: one plain message
         print(f"kiln: {e}", file=sys.stderr)
         return 1
     if args.evaluate:
@@ -258,7 +266,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
     from training.tdm_train import distill
 
     try:
-        print(distill(Path(args.checkpoint), Path(args.out), _cfg(args.overrides), resume=args.resume))
+        print(distill(Path(args.checkpoint), Path(args.out), _cfg(args.overrides), resume=args.resume, overwrite=args.overwrite))
     except (FileExistsError, ResumeMismatch, CheckpointCorrupt, CheckpointUntrusted, UnsafeCheckpoint) as e:  # a refusal: one plain message
         print(f"kiln: {e}", file=sys.stderr)
         return 1
@@ -396,6 +404,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     dp.add_argument("--pairs", required=True)
     dp.add_argument("--out", required=True)
     dp.add_argument("--resume", action="store_true")
+    dp.add_argument("--overwrite", action="store_true", help="replace the checkpoints of an earlier run in OUT (without it, or --resume, a folder with checkpoints is refused)")
     dp.add_argument("--source", default=None, choices=["on_policy", "human"], help="human: calibration on human labels only")
     dp.add_argument("overrides", nargs="*")
     dp.set_defaults(fn=cmd_dpo)
@@ -404,6 +413,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--checkpoint", required=True)
     g.add_argument("--out", required=True)
     g.add_argument("--resume", action="store_true", help="continue from OUT's newest DCP checkpoint")
+    g.add_argument("--overwrite", action="store_true", help="replace the checkpoints of an earlier run in OUT (without it, or --resume, a folder with checkpoints is refused)")
     g.add_argument("overrides", nargs="*")
     g.set_defaults(fn=cmd_grpo)
 
@@ -411,6 +421,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     st.add_argument("--checkpoint", required=True)
     st.add_argument("--out", required=True)
     st.add_argument("--resume", action="store_true", help="continue from OUT's newest DCP checkpoint")
+    st.add_argument("--overwrite", action="store_true", help="replace the checkpoints of an earlier run in OUT (without it, or --resume, a folder with checkpoints is refused)")
     st.add_argument("--evaluate", action="store_true", help="then score transfer accuracy and leakage per strength (OUT/style_eval.json)")
     st.add_argument("overrides", nargs="*")
     st.set_defaults(fn=cmd_style_train)
@@ -432,6 +443,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     ds.add_argument("--checkpoint", required=True, help="the teacher checkpoint folder")
     ds.add_argument("--out", required=True)
     ds.add_argument("--resume", action="store_true", help="continue from OUT's newest DCP checkpoint")
+    ds.add_argument("--overwrite", action="store_true", help="replace the checkpoints of an earlier run in OUT (without it, or --resume, a folder with checkpoints is refused)")
     ds.add_argument("overrides", nargs="*")
     ds.set_defaults(fn=cmd_distill)
 

@@ -103,6 +103,34 @@ def test_kiln_train_refuses_a_folder_with_checkpoints_in_one_plain_line(tmp_path
         main(["train", "--data", str(data), "--out", str(out), "--resume", "--overwrite"])
 
 
+@pytest.mark.slow  # three short DPO runs
+def test_post_training_into_a_folder_with_checkpoints_is_refused_too(tmp_path, text_encoder_dir, whole, capsys):
+    """DPO, GRPO, style training and distillation share one runner (training/posttrain_run.py): a fresh run's
+    saves would overwrite the earlier run's step folders and prune the rest, so it is refused like `kiln train`."""
+    from test_dpo_train import demo_pairs, with_post
+
+    from kiln.cli import main
+    from training.dpo_train import dpo
+    from training.style_train import style_train
+
+    pairs, out = demo_pairs(tmp_path / "pairs"), tmp_path / "dpo"
+    dpo(whole, pairs, out, with_post(_cfg(text_encoder_dir), dpo_steps=4, save_every=2))
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    shorter = with_post(_cfg(text_encoder_dir), dpo_steps=2, save_every=2)
+    with pytest.raises(FileExistsError, match=r"dcp/step-000004.*--resume.*--overwrite"):
+        dpo(whole, pairs, out, shorter)
+    capsys.readouterr()
+    assert main(["dpo", "--checkpoint", str(whole), "--pairs", str(pairs), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("kiln: ") and "--overwrite" in err and "Traceback" not in err
+    with pytest.raises(FileExistsError):  # refused before its `start` (the base with a reference pathway) is drawn
+        style_train(whole, out, _cfg(text_encoder_dir))
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+    dpo(whole, pairs, out, shorter, overwrite=True)  # asked for: the earlier run's steps go, none is mixed in
+    assert [d.name for d in complete_checkpoints(out)] == ["step-000002"]
+
+
 # ------------------------------------------------------------------------- item 3: complete when written
 KILLER = textwrap.dedent(
     """

@@ -28,7 +28,9 @@ from training.sde import conditioned
 HISTORY = "dpo_history.jsonl"
 
 
-def dpo(checkpoint: Path, pairs: Path, out: Path, cfg: KilnConfig, resume: bool = False, stop_at: int | None = None, source: str | None = None) -> Path:
+def dpo(
+    checkpoint: Path, pairs: Path, out: Path, cfg: KilnConfig, resume: bool = False, stop_at: int | None = None, source: str | None = None, overwrite: bool = False
+) -> Path:
     from training.objective import sample_timesteps
     from training.sampling import checkpoint_resolution, sampling_shift
 
@@ -37,7 +39,7 @@ def dpo(checkpoint: Path, pairs: Path, out: Path, cfg: KilnConfig, resume: bool 
     if table.num_rows == 0:
         raise ValueError(f"{pairs}: no {'preference' if source is None else source} pairs to train on")
     batch = min(post.dpo_batch, table.num_rows)
-    with open_run("dpo", checkpoint, out, cfg, resume, post.dpo_lr, step_key="step") as run:
+    with open_run("dpo", checkpoint, out, cfg, resume, post.dpo_lr, step_key="step", overwrite=overwrite) as run:
         mine = run.rows(batch, "post.dpo_batch (capped at the pairs)")
         policy, reference, device = run.policy, run.frozen(checkpoint), run.device
         ae = policy.autoencoder

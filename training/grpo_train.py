@@ -46,7 +46,7 @@ def check_post_config(cfg: KilnConfig) -> None:
         raise ConfigError("post-training cannot run:\n" + "\n".join(f"  {k}: {why}" for k, why in problems))
 
 
-def grpo(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = False, stop_at: int | None = None, mix=None) -> Path:
+def grpo(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = False, stop_at: int | None = None, mix=None, overwrite: bool = False) -> Path:
     """RL from `checkpoint` into `out` (model.safetensors + config.json, DCP step checkpoints, history).
     `mix`: a training.rewards.RewardMix to use instead of the configured `post.rewards`."""
     from training.rewards import configured_reward_mix
@@ -56,7 +56,7 @@ def grpo(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = False, sto
     post = cfg.post
     prompts = rl_prompts(cfg)
     G, P = post.group_size, min(post.prompts_per_iter, len(prompts))
-    with open_run("grpo", checkpoint, out, cfg, resume, post.lr, step_key="iteration") as run:
+    with open_run("grpo", checkpoint, out, cfg, resume, post.lr, step_key="iteration", overwrite=overwrite) as run:
         mine = run.rows(P, "post.prompts_per_iter")  # this rank's prompts, each with its whole group
         samples = slice(mine.start * G, mine.stop * G)  # and their rows of the iteration's P * G samples
         policy, reference, device = run.policy, run.frozen(checkpoint), run.device

@@ -153,19 +153,21 @@ class PostRun:
 
 @contextmanager
 def open_run(
-    kind: str, checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool, lr: float, step_key: str, weight_decay: float = 0.0, trained: dict[str, float] | None = None
+    kind: str, checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool, lr: float, step_key: str, weight_decay: float = 0.0, trained: dict[str, float] | None = None,
+    overwrite: bool = False,
 ) -> Iterator[PostRun]:
     """Join the job's ranks, load and parallelize the policy from `checkpoint`, make its optimiser and
     Checkpointer, resume (`resume=True`) from the newest good step in `out/dcp`, and start or trim the
     history. `trained`: {name: lr} of further copies of `checkpoint` trained alongside (`run.trained`),
-    checkpointed and resumed with the policy. On the way out a pending save is finished and a process
-    group this call made is destroyed."""
+    checkpointed and resumed with the policy. A fresh run into a folder with an earlier run's checkpoints
+    is refused (FileExistsError) unless `overwrite`, as `kiln train` does: its saves would replace them.
+    On the way out a pending save is finished and a process group this call made is destroyed."""
     import torch.distributed as dist
 
     from model.generator import Generator
     from training.distributed import build_ranks, init_distributed
     from training.parallel import parallelize
-    from training.trainer import setup_runtime
+    from training.trainer import prepare_output, setup_runtime
 
     post, out, parallel = cfg.post, Path(out), cfg.train.parallel
     runtime = setup_runtime(cfg.train.model_copy(update={"device": post.device, "seed": post.seed}))
@@ -173,6 +175,7 @@ def open_run(
     ckpt = None
     try:
         mesh, ranks = build_ranks(parallel.tp, runtime.device.type)
+        prepare_output(out, resume, overwrite, ranks.rank)  # before any save could replace an earlier run's steps
 
         def model_and_opt(rate: float):
             module = parallelize(Generator.from_pretrained(checkpoint, device=runtime.device), mesh, parallel, runtime.device.type)

@@ -71,19 +71,23 @@ def start_checkpoint(checkpoint: Path, out: Path, cfg: KilnConfig, fresh: bool =
     return start
 
 
-def style_train(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = False, stop_at: int | None = None) -> Path:
+def style_train(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = False, stop_at: int | None = None, overwrite: bool = False) -> Path:
     """Train style references from `checkpoint` into `out` (model.safetensors + config.json with the
-    pathway enabled, DCP step checkpoints, style_history.jsonl, style.json)."""
+    pathway enabled, DCP step checkpoints, style_history.jsonl, style.json). A fresh run into a folder
+    with an earlier run's checkpoints is refused unless `overwrite`."""
     from training.objective import sample_timesteps
     from training.sampling import checkpoint_resolution, sampling_shift
+    from training.trainer import prepare_output
 
     style, out = cfg.style, Path(out)
     if not (Path(checkpoint) / "config.json").exists():
         raise FileNotFoundError(f"{checkpoint} is not a checkpoint folder (no config.json)")
+    if not overwrite:  # refused before `start` is drawn again; under overwrite open_run replaces the earlier run
+        prepare_output(out, resume, overwrite=False)
     out.mkdir(parents=True, exist_ok=True)
     start = start_checkpoint(Path(checkpoint), out, cfg, fresh=not resume)
     B = style.batch_size
-    with open_run("style", start, out, cfg, resume, style.lr, step_key="step") as run:
+    with open_run("style", start, out, cfg, resume, style.lr, step_key="step", overwrite=overwrite) as run:
         mine = run.rows(B, "style.batch_size")
         policy, device = run.policy, run.device
         height, width = checkpoint_resolution(Path(checkpoint), cfg)

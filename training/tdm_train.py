@@ -167,11 +167,11 @@ def iteration(d: Distillation, it: int, cfg: KilnConfig) -> dict:
     return {"fake_loss": fake_loss, "importance_weight": weight, "fake_grad_norm": fake_norm, "student_loss": student_loss, "teacher_gap": gap, "student_grad_norm": norm}
 
 
-def distill(teacher_ckpt: Path, out: Path, cfg: KilnConfig, resume: bool = False, stop_at: int | None = None) -> Path:
+def distill(teacher_ckpt: Path, out: Path, cfg: KilnConfig, resume: bool = False, stop_at: int | None = None, overwrite: bool = False) -> Path:
     """Distil `teacher_ckpt` into a `post.distill.student_steps`-step student in `out` (model.safetensors,
     config.json, sampler.json, train_state.json, tdm.json, DCP step checkpoints, tdm_history.jsonl).
     `resume`: continue from out's newest DCP checkpoint (without it, a folder holding an earlier run's
-    checkpoints is refused: FileExistsError); `stop_at`: end after that iteration (a "kill")."""
+    checkpoints is refused: FileExistsError, unless `overwrite`); `stop_at`: end after that iteration (a "kill")."""
     from model.flow import euler_timesteps
     from training.sampling import (
         SamplerSettings,
@@ -179,12 +179,10 @@ def distill(teacher_ckpt: Path, out: Path, cfg: KilnConfig, resume: bool = False
         sampling_shift,
         write_sampler_settings,
     )
-    from training.trainer import prepare_output
 
     post, tdm, out, teacher_ckpt = cfg.post, cfg.post.distill, Path(out), Path(teacher_ckpt)
-    prepare_output(out, resume, overwrite=False)  # a fresh run never replaces an earlier run's checkpoints
     prompts = [p.prompt for p in rl_prompts(cfg)]
-    with open_run("tdm", teacher_ckpt, out, cfg, resume, tdm.lr, "iteration", weight_decay=tdm.weight_decay, trained={FAKE: tdm.fake_lr}) as run:
+    with open_run("tdm", teacher_ckpt, out, cfg, resume, tdm.lr, "iteration", weight_decay=tdm.weight_decay, trained={FAKE: tdm.fake_lr}, overwrite=overwrite) as run:
         mine = run.rows(tdm.batch, "post.distill.batch")
         fake, fake_opt = run.trained[FAKE]
         height, width = (post.resolution, post.resolution) if post.resolution else checkpoint_resolution(teacher_ckpt, cfg)
