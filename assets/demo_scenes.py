@@ -17,8 +17,8 @@ Drawing choices that the filter and dedup stages rely on:
 from __future__ import annotations
 
 import json
-from functools import lru_cache
 from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
 from typing import Literal
 
 import numpy as np

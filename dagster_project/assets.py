@@ -14,7 +14,15 @@ from dagster_project.resources import KilnResource
 from kiln.config import load_config
 from kiln.executors import execute
 from kiln.ladder import FINAL, rungs
-from kiln.lineage import MAIN_CHAIN, Step, data_steps, default_config, output_hash, step_code_version, step_config_overrides
+from kiln.lineage import (
+    MAIN_CHAIN,
+    Step,
+    data_steps,
+    default_config,
+    output_hash,
+    step_code_version,
+    step_config_overrides,
+)
 from kiln.progress import log as kiln_log
 from kiln.viz import markdown_image
 

@@ -103,12 +103,11 @@ def load_plan(path: Path) -> AblationPlan:
 def check_plan(plan: AblationPlan, root: Path) -> None:
     """Refuse, before anything is queued, a plan a run would fail on: an override DVC's Hydra composition
     rejects (an unknown key, a sweep), a config kiln refuses, a target stage dvc.yaml lacks."""
+    import yaml
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     from kiln.config import ConfigError, load_config
-
-    import yaml
 
     stages = (yaml.safe_load((root / "dvc.yaml").read_text()) or {}).get("stages", {}) if (root / "dvc.yaml").is_file() else {}
     if plan.target not in stages:

@@ -12,8 +12,8 @@ params.yaml older than an edit of conf/ cannot undo the edit).
 from __future__ import annotations
 
 import math
-import re
 import os
+import re
 from pathlib import Path
 from typing import Any
 

@@ -21,9 +21,9 @@ from assets.caption import Captioner, make_captioner
 from assets.captioners import (
     OCRGroundedCaptioner,
     VLMCaptioner,
-    chat_text,
     build_prompt,
     caption_ocr_stage,
+    chat_text,
     load_vlm,
 )
 from kiln.config import load_config

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 from PIL import Image
+from samples import encoded, scene
 
 from assets.decode import BORDER_ROW_SHARE, BORDER_TOL, _median_colour, border_share, decode_views, rgb_entropy
 from assets.hashes import DARK_V, GREY_S, SOFT, colorhash64
-from samples import encoded, scene
 
 
 # ------------------------------------------------------------------------------- plain definitions

@@ -7,8 +7,8 @@ import dagster as dg
 import pytest
 
 from dagster_project.definitions import defs
-from kiln.dvcgen import render, write_dvc_files
 from kiln.config import load_config
+from kiln.dvcgen import render, write_dvc_files
 from kiln.ladder import rungs
 from kiln.lineage import MAIN_CHAIN, data_steps, ladder_steps, output_hash, stage_code_files, step_code_version
 

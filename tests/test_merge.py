@@ -11,7 +11,16 @@ from pydantic import ValidationError
 from safetensors.torch import load_file, save_file
 
 from kiln.config import MergeConfig
-from training.merge import block_index, dare, keep_mask, merge_dcp, merge_exports, merge_search, merge_state_dicts, search_candidates
+from training.merge import (
+    block_index,
+    dare,
+    keep_mask,
+    merge_dcp,
+    merge_exports,
+    merge_search,
+    merge_state_dicts,
+    search_candidates,
+)
 from training.safetensors_stream import SafetensorsWriter, join_parts
 
 

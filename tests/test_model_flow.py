@@ -2,7 +2,14 @@
 
 import torch
 
-from model.flow import euler_timesteps, interpolate, resolution_shift, sample_logit_normal, shift_timesteps, velocity_target
+from model.flow import (
+    euler_timesteps,
+    interpolate,
+    resolution_shift,
+    sample_logit_normal,
+    shift_timesteps,
+    velocity_target,
+)
 
 
 def test_interpolation_runs_from_data_at_t0_to_noise_at_t1():

@@ -8,7 +8,16 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 from training.rewards import BradleyTerry, RewardMix, RubricReward, edit_distance, quoted_text, text_similarity
-from training.rubric import DemoPixelJudge, Requirement, RubricPrompt, demo_prompt_set, parse_questions, read_prompt_set, rubric_scores, write_prompt_set
+from training.rubric import (
+    DemoPixelJudge,
+    Requirement,
+    RubricPrompt,
+    demo_prompt_set,
+    parse_questions,
+    read_prompt_set,
+    rubric_scores,
+    write_prompt_set,
+)
 
 
 def demo_images(size: int = 32) -> tuple[list[RubricPrompt], np.ndarray]:

@@ -55,10 +55,10 @@ def test_two_gloo_tasks_on_the_gpu_partition_reach_the_in_process_loss(cfg, tmp_
 def test_the_trainer_as_a_two_task_job_reaches_the_in_process_loss(cfg, tmp_path, text_encoder_dir):
     """`kiln submit train`'s task: the real trainer, FSDP2 over 2 gloo ranks (one per fake GPU), against
     the same run in this process; the job resumes from DCP, so it is also what a requeue continues."""
+    from slurm.launcher import train_task
     from training.telemetry import read_metrics
     from training.testing import scene_rows, tiny_config, write_pack_output
     from training.trainer import train
-    from slurm.launcher import train_task
 
     data = write_pack_output(tmp_path / "pack", scene_rows(24, seed=3, buckets=((32, 32),), batch_size=8))
     run = tiny_config(text_encoder_dir, steps=4, warmup_steps=1, holdout=0)
@@ -120,11 +120,11 @@ def test_a_preempted_job_is_requeued_and_resumes_from_its_checkpoint(cfg, tmp_pa
 
 
 def test_a_preempted_training_job_resumes_from_dcp_to_the_uninterrupted_run(cfg, tmp_path, text_encoder_dir):
+    from slurm.launcher import train_task
     from training.dcp import complete_checkpoints
     from training.telemetry import read_metrics
     from training.testing import scene_rows, tiny_config, write_pack_output
     from training.trainer import train
-    from slurm.launcher import train_task
 
     data = write_pack_output(tmp_path / "pack", scene_rows(24, seed=4, buckets=((32, 32),), batch_size=8))
     run = tiny_config(text_encoder_dir, steps=60, warmup_steps=2, holdout=0, dcp={"every": 4, "keep": 2, "async_save": False})

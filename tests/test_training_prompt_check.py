@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from assets.demo_scenes import COLORS, demo_prompts, render
-from training.prompt_check import ATTRIBUTES, CONDITIONAL_ATTRIBUTES, Expected, accuracy, check_image, expected_from_specs
+from training.prompt_check import (
+    ATTRIBUTES,
+    CONDITIONAL_ATTRIBUTES,
+    Expected,
+    accuracy,
+    check_image,
+    expected_from_specs,
+)
 
 SPECS = demo_prompts()
 OPPOSITE = {"left": "right", "right": "left", "top": "bottom", "bottom": "top", "center": "left"}

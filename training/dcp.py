@@ -40,7 +40,14 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from kiln.progress import log
 from training.data import DataPosition
 from training.dcp_safe import safe_load
-from training.manifest import CheckpointCorrupt, CheckpointUntrusted, read_manifest, signing_key, verify_files, write_manifest
+from training.manifest import (
+    CheckpointCorrupt,
+    CheckpointUntrusted,
+    read_manifest,
+    signing_key,
+    verify_files,
+    write_manifest,
+)
 
 DCP_DIR = "dcp"
 META = "train_state.json"

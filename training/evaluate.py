@@ -31,7 +31,13 @@ from training.data import decode_pixels, holdout_ids, read_heldout, read_train_t
 from training.eval_protocol import evaluate_distribution, record
 from training.objective import flow_loss
 from training.plots import sample_grid
-from training.sampling import checkpoint_resolution, generate, read_sampler_settings, sampling_shift, with_sampler_settings
+from training.sampling import (
+    checkpoint_resolution,
+    generate,
+    read_sampler_settings,
+    sampling_shift,
+    with_sampler_settings,
+)
 
 
 def row_noise(row_id: str, seed: int, shape: tuple[int, ...]) -> torch.Tensor:
