@@ -267,6 +267,21 @@ def test_reward_means_average_the_mix_and_each_reward_over_the_images_it_could_s
     assert reward_means(nothing, [RubricPrompt("a")], np.zeros((1, 1, 4, 4, 3), np.uint8)) == {"mix": None, "text": None}
 
 
+def test_the_evaluations_prompt_following_is_the_rubric_over_a_prompt_set_file(tmp_path):
+    """post.eval_prompts names a GenEval-style set for any checkpoint; the demo profile's judge is the pixel checker,
+    named as the stand-in it is; without a file the evaluation scores the 12 demo prompts."""
+    from kiln.config import load_config
+    from training.evaluate import eval_rubric
+
+    prompts, _ = demo_images()
+    path = write_prompt_set(tmp_path / "eval.jsonl", prompts[3:5])
+    chosen, judge = eval_rubric(load_config([f"post.eval_prompts={path}"]))
+    assert chosen == prompts[3:5] and judge.name == "demo_pixel_checker"
+    assert eval_rubric(load_config([]))[0] == prompts
+    with pytest.raises(ValueError, match="judge_vlm_path"):  # a real profile's judge is a VLM by path
+        eval_rubric(load_config(["post.judge=vlm"]))
+
+
 def test_a_prompt_without_requirements_does_not_count_as_all_right():
     prompts, images = demo_images()
     wrong = np.roll(images, 1, axis=0)  # every prompt gets another prompt's drawing: few are all right
