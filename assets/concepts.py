@@ -29,7 +29,10 @@ from kiln.sql import reproducible_connection
 from kiln.stage import read_dataset, write_table
 
 # lower-case terms, then a light stemmer: a trailing plural "s" goes (not "ss", not short words)
-_TERMS = "list_transform(list_filter(regexp_split_to_array(lower({x}), '[^a-z0-9]+'), lambda t: t <> ''), lambda t: CASE WHEN length(t) > 3 AND t LIKE '%s' AND t NOT LIKE '%ss' THEN t[:-2] ELSE t END)"
+_TERMS = (
+    "list_transform(list_filter(regexp_split_to_array(lower({x}), '[^a-z0-9]+'), lambda t: t <> ''), "
+    "lambda t: CASE WHEN length(t) > 3 AND t LIKE '%s' AND t NOT LIKE '%ss' THEN t[:-2] ELSE t END)"
+)
 
 
 def _arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:

@@ -151,7 +151,10 @@ def coverage(kiln: KilnResource) -> dg.MaterializeResult:
     return dg.MaterializeResult(metadata=md)
 
 
-@dg.asset(deps=["rewritten", "coverage"], group_name="captions", kinds={"duckdb", "parquet"}, description="Pretraining, midtraining and SFT mixes as DuckDB queries over the pool, proportions recorded.")
+@dg.asset(
+    deps=["rewritten", "coverage"], group_name="captions", kinds={"duckdb", "parquet"},
+    description="Pretraining, midtraining and SFT mixes as DuckDB queries over the pool, proportions recorded.",
+)
 def mixes(kiln: KilnResource) -> dg.MaterializeResult:
     from assets.mixes import write_mixes
 
@@ -168,7 +171,11 @@ EVAL_ASSETS = [samples, evaluation]
 BRANCH_ASSETS = [a for a in stage_assets if a.key.to_user_string() not in _main_steps | _domain_steps]
 
 
-@dg.asset(deps=["manifest"], group_name="warehouse", kinds={"postgres", "duckdb"}, description="The filter stage over the warehouse queue: Postgres when KILN_PG_DSN is set (workers as a Slurm array on a Slurm profile), else the embedded DuckDB path.")
+@dg.asset(
+    deps=["manifest"], group_name="warehouse", kinds={"postgres", "duckdb"},
+    description="The filter stage over the warehouse queue: Postgres when KILN_PG_DSN is set (workers as a Slurm array "
+    "on a Slurm profile), else the embedded DuckDB path.",
+)
 def filtered_queue(context, kiln: KilnResource) -> dg.MaterializeResult:
     import os
 

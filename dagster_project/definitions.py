@@ -51,4 +51,7 @@ post_training = dg.define_asset_job(
     description="after `checkpoint`: domain SFTs -> their merge, preference pairs -> reward model, Diffusion-DPO, then Flow-GRPO (docs/post-training.md)",
 )
 
-defs = dg.Definitions(assets=all_assets, asset_checks=all_checks, jobs=[main, caption_branch, curation_models, training, post_training, expander_job], sensors=[slurm_jobs, source_changes], resources={"kiln": KilnResource()})
+defs = dg.Definitions(
+    assets=all_assets, asset_checks=all_checks, jobs=[main, caption_branch, curation_models, training, post_training, expander_job],
+    sensors=[slurm_jobs, source_changes], resources={"kiln": KilnResource()},
+)

@@ -174,7 +174,7 @@ def run_plan(plan: AblationPlan, root: Path, jobs: int = 1, force: bool = False,
     taken = existing_experiments(root) & {name for *_, name, _ in runs}
     if taken and not force:
         raise UserError(f"experiments {', '.join(sorted(taken))} already exist on this commit: --force reruns them, or rename the plan")
-    for variant, seed, name, overrides in runs:
+    for _variant, _seed, name, overrides in runs:
         args = ["exp", "run", "--queue", "-n", name, *(["-f"] if force else []), *(a for o in overrides for a in ("-S", o)), plan.target]
         _dvc(root, *args)
         log(f"queued {name}: {' '.join(overrides)}")

@@ -225,7 +225,9 @@ class ConceptConfig(Strict):
 
 class PackConfig(Strict):
     resolution: int = Field(256, ge=8, le=8192, description="side of the square bucket (the first ladder rung); other buckets keep its pixel area")
-    aspect_buckets: list[Annotated[float, Field(ge=1 / 16, le=16)]] = Field(default_factory=lambda: [0.5, 0.75, 1.0, 1.333, 2.0], min_length=1, description="width / height of each bucket, each in [1/16, 16]")
+    aspect_buckets: list[Annotated[float, Field(ge=1 / 16, le=16)]] = Field(
+        default_factory=lambda: [0.5, 0.75, 1.0, 1.333, 2.0], min_length=1, description="width / height of each bucket, each in [1/16, 16]"
+    )
     batch_size: int = Field(32, ge=1, le=65536, description="rows per packed batch; every batch shares one bucket")
     seed: int = Field(0, ge=0, le=2**63 - 1)
     mix_file: str | None = Field(None, description="a mix (assets.mixes output Parquet with an `id` column): rows not in it are rejected not_in_mix")
@@ -312,7 +314,11 @@ class ClusteringConfig(Strict):
 
     levels: list[Annotated[int, Field(ge=1, le=2**24)]] = Field(default_factory=lambda: [8, 32, 128], min_length=1, description="clusters per level, coarse to fine; the last is the leaf level")
     niter: int = Field(25, ge=1, le=10000)
-    kmeans_tol: float = Field(1e-4, ge=0, le=0.1, description="k-means stops once the objective changes by less than this share between two iterations (FAISS early_stop_threshold; 0: only at a fixed point). 1e-4 halves the time at 20k x 768, k=128 for a 2e-6 change in mean cosine (docs/curation-models.md)")
+    kmeans_tol: float = Field(
+        1e-4, ge=0, le=0.1,
+        description="k-means stops once the objective changes by less than this share between two iterations (FAISS early_stop_threshold; "
+        "0: only at a fixed point). 1e-4 halves the time at 20k x 768, k=128 for a 2e-6 change in mean cosine (docs/curation-models.md)",
+    )
     seed: Seed = 0
     threads: int = Field(1, ge=1, le=MAX_THREADS, description="FAISS threads (1 keeps float sums in one order)")
     review_level: int = Field(0, ge=0, le=64, description="index into levels of the clusters people review")
@@ -430,7 +436,9 @@ class ModelConfig(Strict):
     autoencoder: Literal["pixel", "kl"] = "pixel"
     autoencoder_path: str | None = Field(None, description="diffusers AutoencoderKL folder (autoencoder=kl)")
     latent_cache_dir: str | None = Field(None, description="cache autoencoder latents here")
-    modulation: Literal["light", "adaln", "none"] = Field("light", description="light: shared projection + per-block bias; adaln: per-block projection; none: the timestep enters only as timestep_tokens (docs/ablations.md)")
+    modulation: Literal["light", "adaln", "none"] = Field(
+        "light", description="light: shared projection + per-block bias; adaln: per-block projection; none: the timestep enters only as timestep_tokens (docs/ablations.md)"
+    )
     timestep_tokens: int = Field(0, ge=0, le=1024, description="timestep tokens prepended to the sequence; 0 = off")
     pad_to_multiple: int = Field(64, ge=1, le=MAX_TOKENS, description="pad the token sequence to a multiple of this (fixed shapes)")
     kv_heads: int | None = Field(None, ge=1, le=1024, description="key/value heads (= heads: MHA, fewer: GQA; must divide heads); None = the size's")
@@ -480,7 +488,9 @@ class ParallelConfig(Strict):
     float8: bool = Field(False, description="torchao float8 training of the DiT blocks' large Linears; GPU-only: CUDA capability 8.9+ and torchao, else the run is refused")
     float8_recipe: Literal["tensorwise", "rowwise"] = Field("tensorwise", description="torchao float8 scaling: one scale per tensor (fastest) or per row (more accurate)")
     float8_min_dim: int = Field(1024, ge=16, le=2**20, description="Linears with a side below this stay bf16 (float8's casts cost more than they save on small matmuls)")
-    attention: Literal["auto", "flash", "cudnn", "efficient", "math"] = Field("auto", description="SDPA backend (torch.nn.attention.sdpa_kernel); auto = torch's choice; one the device lacks refuses the run")
+    attention: Literal["auto", "flash", "cudnn", "efficient", "math"] = Field(
+        "auto", description="SDPA backend (torch.nn.attention.sdpa_kernel); auto = torch's choice; one the device lacks refuses the run"
+    )
     async_tp: bool = Field(False, description="GPU-only: overlap TP collectives with matmuls (torch symmetric memory, inductor micro-pipelining); needs tp > 1 and compile")
     watchdog_timeout_s: float = Field(600.0, ge=10, le=86400, description="process-group timeout: a collective stuck this long (an NCCL hang) fails the job, dumping the flight recorder")
 
@@ -571,7 +581,9 @@ class TrainConfig(Strict):
     pma_k: int = Field(0, ge=0, le=10000, description="average the last K step checkpoints into a PMA checkpoint after this stage; 0 = none")
     nonfinite_skip: int = Field(0, ge=0, le=1000, description="steps with a non-finite loss or grad norm skipped (no update) before the run stops; 0 = stop at the first")
     ema_decay: float = Field(0.0, ge=0, lt=1, description="keep an EMA of the weights with this decay (in the DCP checkpoints); 0 = none")
-    final_weights: Literal["last", "ema", "pma"] = Field("last", description="what model.safetensors holds: the last step's weights, the EMA (ema_decay > 0) or the PMA of the last pma_k step checkpoints")
+    final_weights: Literal["last", "ema", "pma"] = Field(
+        "last", description="what model.safetensors holds: the last step's weights, the EMA (ema_decay > 0) or the PMA of the last pma_k step checkpoints"
+    )
     route: RouteConfig = RouteConfig()
 
     @model_validator(mode="after")
@@ -771,7 +783,9 @@ class ExpanderConfig(Strict):
     then RL (GDPO) with faithfulness, image and diversity rewards and a safety gate. Its model paths are checked
     before any expander work (training.expander.expander_problems)."""
 
-    base: Literal["path", "tiny"] = Field("path", description="path: an HF causal LM folder (`path`); tiny: a small LM built from `tiny_*` over a word-level vocabulary (the demo's stand-in, from scratch)")
+    base: Literal["path", "tiny"] = Field(
+        "path", description="path: an HF causal LM folder (`path`); tiny: a small LM built from `tiny_*` over a word-level vocabulary (the demo's stand-in, from scratch)"
+    )
     path: str | None = Field(None, description="HF causal LM + tokenizer folder (base=path)")
     tiny_layers: int = Field(2, ge=1, le=64)
     tiny_hidden: int = Field(64, ge=8, le=8192)

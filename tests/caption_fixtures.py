@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-WORDS = ["a", "an", "the", "of", "on", "in", "with", "and", "red", "green", "blue", "yellow", "white", "black", "orange", "purple", "pink", "grey", "circle", "square", "triangle", "diamond", "sign", "word", "text", "background", "small", "large", "two", "three", "left", "right", "top", "bottom", "center", "striped", "gradient", "sale", "stop", "open", "kiln", "cafe", "exit", "hello", "pizza", "books", "hotel", "image", "shows", "describe", "detail", "short", "tags", "json", "caption", "yes", "no"]  # yes / no: the VLM labeller's answer words
+WORDS = (  # yes / no: the VLM labeller's answer words
+    "a an the of on in with and red green blue yellow white black orange purple pink grey circle square triangle diamond sign word "
+    "text background small large two three left right top bottom center striped gradient sale stop open kiln cafe exit hello pizza "
+    "books hotel image shows describe detail short tags json caption yes no"
+).split()
 SPECIALS = ["<pad>", "<unk>", "<s>", "</s>", "<image>"]
 
 

@@ -146,7 +146,10 @@ class Checkpointer:
     disk: in the save's own background thread, not when the next save starts, so a run killed between
     saves resumes from the newest one it wrote. The thread does file work only, no collectives."""
 
-    def __init__(self, out_dir: Path, keep: int = 3, async_save: bool = True, mesh_facts: dict | None = None, aux: dict | None = None, train_set_version: str | None = None, policy: LoadPolicy = LoadPolicy()):
+    def __init__(
+        self, out_dir: Path, keep: int = 3, async_save: bool = True, mesh_facts: dict | None = None, aux: dict | None = None,
+        train_set_version: str | None = None, policy: LoadPolicy = LoadPolicy(),
+    ):
         """`aux`: {name: (module, optimiser)} saved and restored with the model (trained parts that are
         not the Generator's, such as the REPA projector). `train_set_version` is recorded with each save
         and must match on resume (unless `policy` allows a change)."""
@@ -207,7 +210,10 @@ class Checkpointer:
             write_manifest(path, manifest_name(rank), shards, self._key, {"step": run.step, "rank": rank})
             return
         _await_manifests(path, range(1, world))
-        meta = {"step": run.step, "position": run.position.to_dict(), "loss_ema": run.loss_ema, "last_loss": run.last_loss, "world_size": world, "train_set_version": self.train_set_version} | self.mesh_facts
+        meta = {
+            "step": run.step, "position": run.position.to_dict(), "loss_ema": run.loss_ema, "last_loss": run.last_loss,
+            "world_size": world, "train_set_version": self.train_set_version,
+        } | self.mesh_facts
         text = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
         write_manifest(path, manifest_name(0), [*shards, ".metadata"], self._key, {"step": run.step, "rank": 0}, pending={META: text})
         tmp = path / f".{META}.tmp"

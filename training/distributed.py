@@ -127,5 +127,8 @@ def export_checkpoint(gen, out_dir: Path, cfg: KilnConfig, data: TrainSet, run: 
         plain = init_generator(cfg.model, cfg.train.seed)
         plain.load_state_dict(state, strict=True)
     plain.save_pretrained(out_dir)
-    ts = TrainState(step=run.step, position=run.position, final_loss=run.last_loss, loss_ema=run.loss_ema, bucket=data.main_bucket(), rows=data.num_rows, holdout=cfg.train.holdout, num_params=plain.num_params(), config=cfg.model_dump(mode="json"))
+    ts = TrainState(
+        step=run.step, position=run.position, final_loss=run.last_loss, loss_ema=run.loss_ema, bucket=data.main_bucket(),
+        rows=data.num_rows, holdout=cfg.train.holdout, num_params=plain.num_params(), config=cfg.model_dump(mode="json"),
+    )
     (Path(out_dir) / STATE_FILE).write_text(ts.to_json())

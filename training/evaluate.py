@@ -183,5 +183,9 @@ def evaluate(checkpoint: Path, data_dir: Path, out: Path, cfg: KilnConfig) -> di
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     sample_grid(images, [p.prompt for p in prompts]).save(out / "eval_samples.png", format="PNG")
     record(metrics, out, cfg)
-    log.info("eval: held-out loss %.4f (untrained %.4f), prompt following %s (untrained %s)", trained_scores["heldout_loss"]["mean"], baseline_scores["heldout_loss"]["mean"], trained_scores["prompt_following"], baseline_scores["prompt_following"])
+    log.info(
+        "eval: held-out loss %.4f (untrained %.4f), prompt following %s (untrained %s)",
+        trained_scores["heldout_loss"]["mean"], baseline_scores["heldout_loss"]["mean"],
+        trained_scores["prompt_following"], baseline_scores["prompt_following"],
+    )
     return metrics

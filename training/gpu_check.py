@@ -258,7 +258,10 @@ def run_check(out: Path, dry_run: bool, budget_s: float, only: list[str] | None 
         return report
     with tempfile.TemporaryDirectory(prefix="kiln-gpu-check-") as tmp:
         work = Path(tmp)
-        ctx = {"dry_run": dry_run, "device": "cpu" if dry_run else "cuda", "work": work, "te": write_tiny_text_encoder(work / "bert", layers=2), "left": lambda: budget_s - (time.perf_counter() - started)}
+        ctx = {
+            "dry_run": dry_run, "device": "cpu" if dry_run else "cuda", "work": work, "te": write_tiny_text_encoder(work / "bert", layers=2),
+            "left": lambda: budget_s - (time.perf_counter() - started),
+        }
         for name, section in SECTIONS.items():
             if only and name not in only:
                 continue

@@ -181,7 +181,11 @@ def _selective_policy():
     """Save matmul and attention outputs, recompute the cheap elementwise ops (norms, gates, activations)."""
     from torch.utils.checkpoint import CheckpointPolicy
 
-    save = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default, torch.ops.aten._scaled_dot_product_flash_attention.default, torch.ops.aten._scaled_dot_product_efficient_attention.default, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+    aten = torch.ops.aten
+    save = {
+        aten.mm.default, aten.addmm.default, aten.bmm.default, aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
+    }
 
     def policy(ctx, op, *args, **kwargs):
         return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE

@@ -84,7 +84,10 @@ class NonFiniteTraining(RuntimeError):
     """The run diverged (non-finite loss, grad norm or weights): it stops, and nothing is exported."""
 
 
-def train_step(gen, opt, x0, text, null_text, rng: torch.Generator, cfg: TrainConfig, lr: float, shift: float, runtime: Runtime, rows: slice = slice(None), dp_size: int = 1, repa=None, repa_opt=None, images=None) -> StepResult:
+def train_step(
+    gen, opt, x0, text, null_text, rng: torch.Generator, cfg: TrainConfig, lr: float, shift: float, runtime: Runtime,
+    rows: slice = slice(None), dp_size: int = 1, repa=None, repa_opt=None, images=None,
+) -> StepResult:
     """One optimiser step of rectified-flow v-prediction on this rank's `rows` of a global batch.
 
     The draws cover the whole batch, the loss is sum / global batch * dp_size (FSDP averages over dp):
@@ -292,7 +295,11 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
         ckpt = Checkpointer(out_dir, tc.dcp.keep, tc.dcp.async_save, facts, aux, version, policy)
         run = (ckpt.load_latest(gen, opt) if resume else None) or RunState(0, DataPosition())
         if ranks.rank == 0:
-            log.info("train: %d rows in %d batches, %d captions, %.2fM params, %d ranks (dp_shard %d x tp %d), %s, steps %d..%d", data.num_rows, len(data), len(cache), gen.num_params() / 1e6, ranks.world, ranks.dp_size, tc.parallel.tp, tc.optim.name, run.step, tc.steps)
+            log.info(
+                "train: %d rows in %d batches, %d captions, %.2fM params, %d ranks (dp_shard %d x tp %d), %s, steps %d..%d",
+                data.num_rows, len(data), len(cache), gen.num_params() / 1e6, ranks.world, ranks.dp_size, tc.parallel.tp,
+                tc.optim.name, run.step, tc.steps,
+            )
         tel = tc.telemetry
         telemetry = Telemetry(out_dir, resume_step=run.step, spike_window=tel.spike_window, spike_z=tel.spike_z) if ranks.rank == 0 else None
         gpu = GpuMonitor.open(device.index or 0) if device.type == "cuda" and tel.gpu_every else None
@@ -332,13 +339,19 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
                 if telemetry is not None:
                     counters = gpu.sample().to_dict() if gpu is not None and done % tel.gpu_every == 0 else {}
                     stragglers = find_stragglers(rank_seconds, tel.straggler_factor) if rank_seconds else []
-                    telemetry.log(StepRecord(done, result.loss, result.grad_norm, lr, batch.size, batch.size * tokens, time.perf_counter() - started, flops_per_sample[batch.bucket] * batch.size, ranks.world, peak, result.repa_loss, counters, rank_seconds, stragglers))
+                    telemetry.log(StepRecord(
+                        done, result.loss, result.grad_norm, lr, batch.size, batch.size * tokens, time.perf_counter() - started,
+                        flops_per_sample[batch.bucket] * batch.size, ranks.world, peak, result.repa_loss, counters, rank_seconds, stragglers,
+                    ))
                     if tc.log_every and done % tc.log_every == 0:
                         log.info("step %d loss %.4f (ema %.4f) grad %.3f lr %.2e", done, result.loss, loss_ema or math.nan, result.grad_norm, lr)
                 if result.skipped:
                     skipped += 1
                     if skipped > tc.nonfinite_skip:
-                        raise NonFiniteTraining(f"step {done}: loss {result.loss}, grad norm {result.grad_norm}: {skipped} non-finite steps, train.nonfinite_skip={tc.nonfinite_skip}; stopped, nothing exported (the last checkpoint in {out_dir / 'dcp'} predates it)")
+                        raise NonFiniteTraining(
+                            f"step {done}: loss {result.loss}, grad norm {result.grad_norm}: {skipped} non-finite steps, train.nonfinite_skip="
+                            f"{tc.nonfinite_skip}; stopped, nothing exported (the last checkpoint in {out_dir / 'dcp'} predates it)"
+                        )
                     if ranks.rank == 0:
                         log.warning("step %d: loss %s, grad norm %s: update skipped (%d of train.nonfinite_skip=%d)", done, result.loss, result.grad_norm, skipped, tc.nonfinite_skip)
                 if tc.dcp.every and done % tc.dcp.every == 0 and done < end:
