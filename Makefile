@@ -1,5 +1,5 @@
 # The two set-up commands of the README, plus conveniences. Each target bootstraps what it needs.
-.PHONY: demo test env system-deps ui repro clean
+.PHONY: demo test lint env system-deps ui repro clean
 
 env:
 	@scripts/bootstrap.sh
@@ -11,6 +11,10 @@ demo: env
 # The whole test suite, services included (Slurm and Postgres are started by the tests' fixtures).
 test: env system-deps
 	.venv/bin/pytest
+
+# The linter CI runs before the tests: its rules are [tool.ruff] in pyproject.toml.
+lint: env
+	.venv/bin/ruff check .
 
 system-deps:
 	@scripts/system-deps.sh
