@@ -51,8 +51,12 @@ def main() -> None:
         default=4,
         help="sampled expansions per prompt for diversity",
     )
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (the figures in docs/expander.md: 1)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
     data, out = Path(args.data), Path(args.out)
     cfg = load_config([f"expander.rl_iterations={args.rl_iterations}", *args.overrides])
     checkpoint = data / "checkpoint"
@@ -73,6 +77,7 @@ def main() -> None:
         "rl_iterations": args.rl_iterations,
         "sft_seconds": round(t_sft),
         "rl_seconds": round(t_rl),
+        "threads": args.threads,
     }
     for name, folder in (("sft", sft), ("rl", rl)):
         r = evaluate_expander(

@@ -24,11 +24,13 @@ def report_metadata(report: dict, history) -> dict:
     """The evaluation first (faithfulness, following short -> expanded, diversity), then training means."""
     keys = (
         "faithfulness",
+        "faithfulness_wide",
         "following_short",
         "following_expanded",
         "following_gain",
         "diversity",
         "prompts",
+        "prompts_wide",
         "following_images",
     )
     md = {k: report[k] for k in keys if k in report}
