@@ -133,7 +133,7 @@ def test_postgres_a_row_that_always_raises_becomes_a_stage_error_reject(dsn):
 def test_postgres_a_queue_of_another_config_is_refused_not_reused(dsn):
     table = fresh(dsn, "qf_config", COMPUTE.name)
     wh.map(COMPUTE, probe_rows(10), dsn=dsn, workers=1, table=table, cfg=CFG).wait(progress_bar=False, timeout=60)
-    other = CFG.model_copy(update={"seed": 7})
+    other = CFG.model_copy(update={"train": CFG.train.model_copy(update={"seed": 7})})  # any setting but cluster.*
     with pytest.raises(ValueError, match="under another config"):
         wh.map(COMPUTE, probe_rows(10), dsn=dsn, workers=0, table=table, cfg=other)
     rows = probe_rows(10)
