@@ -73,8 +73,6 @@ def attention_kernel_problem(name: str, device: str, dtype: torch.dtype, head_di
 
     if sdpa_backend(name) is None:
         return None
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        return f"{name} attention needs a CUDA device and there is none"
     q = torch.randn(1, 2, 8, head_dim, device=device, dtype=dtype, requires_grad=True)
     kv = q[:, :1] if gqa else q
     keys = torch.ones(1, 8, dtype=torch.bool, device=device)
@@ -105,8 +103,9 @@ def gpu_setting_problems(tc: TrainConfig, machine: Machine, head_dim: int, gqa: 
     if p.async_tp and not (machine.cuda and machine.symmetric_memory):
         out.append(("train.parallel.async_tp", "async TP needs CUDA and torch.distributed._symmetric_memory"))
     if p.attention != "auto":
-        dtype = torch.bfloat16 if tc.device.startswith("cuda") else torch.float32
-        if why := attention_kernel_problem(p.attention, tc.device, dtype, head_dim, gqa):
+        if tc.device.startswith("cuda") and not machine.cuda:
+            out.append(("train.parallel.attention", f"the {p.attention} SDPA backend was asked for on {tc.device} and this machine has no CUDA device"))
+        elif why := attention_kernel_problem(p.attention, tc.device, torch.bfloat16 if tc.device.startswith("cuda") else torch.float32, head_dim, gqa):
             out.append(("train.parallel.attention", why))
     return out
 
