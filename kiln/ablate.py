@@ -46,7 +46,7 @@ class AblationPlan(BaseModel):
     seeds: list[Annotated[int, Field(ge=0, le=SEED_MAX)]] = Field(default_factory=lambda: [0], min_length=1, max_length=32)
     seed_keys: list[str] = Field(default_factory=lambda: ["train.seed"], min_length=1, max_length=8, description="keys each seed is written to")
     target: str = Field("evaluation", pattern=r"^[A-Za-z0-9_./:@-]+$", description="the DVC stage every experiment runs to")
-    metrics_file: str = Field("data/eval/metrics.json", description="what the target writes; one protocol for every variant")
+    metrics_file: str = Field("data/eval/headline.json", description="what the target writes (a metrics file dvc.yaml lists); one protocol for every variant")
     metrics: list[str] = Field(default_factory=lambda: list(DEFAULT_METRICS), min_length=1, max_length=64, description="dotted keys of the metrics file")
 
     @model_validator(mode="after")

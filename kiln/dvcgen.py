@@ -105,11 +105,17 @@ def _rung_stages(ladder, user: list[str]) -> dict:
     return stages
 
 
+def evaluation_outs(history: str | None) -> list:
+    """The evaluation's outputs: data/eval, and the history kept across checkpoints (`metrics.history`), which
+    each run reads and rewrites: persisted (DVC does not delete it before the run) and cached (`dvc checkout`
+    and an experiment's workspace restore it; an uncached output made DVC rerun the stage wherever the file
+    was missing). Kept outside data/, it also outlives `rm -rf data`. A persisted output keeps DVC's run cache
+    off for this stage: the history depends on the runs before."""
+    return [f"{DATA}/eval", *([{history: {"persist": True}}] if history else [])]
+
+
 def _training_stages(cfg, user: list[str]) -> dict:
-    history = cfg.metrics.history
-    eval_outs: list = [f"{DATA}/eval"]
-    if history:
-        eval_outs.append({str(Path(history).parent): {"persist": True, "cache": False}})  # one row per evaluated checkpoint
+    eval_outs = evaluation_outs(cfg.metrics.history)
     ladder = rungs(cfg)
     stages: dict = _rung_stages(ladder, user)
     eval_set = ladder[0].train_set  # its held-out rows are the ones no rung trained on
@@ -159,6 +165,27 @@ def _post_stages(cfg, user: list[str]) -> dict:
     }  # fmt: skip
 
 
+# `dvc metrics show`: the evaluation's headline, one short row. A data step's counts and reject reasons are in
+# its summary.json (`dvc metrics show data/filtered/summary.json`), the whole evaluation in data/eval/metrics.json.
+METRICS = [f"{DATA}/eval/headline.json"]
+
+
+def _plots(cfg) -> list:
+    """`dvc plots show`: first the PNGs the stages draw (matplotlib, offline; the page then needs no network),
+    then the same curves as vega plots for `dvc plots diff` across experiments (vega loads from a CDN). The
+    evaluation history uses .dvc/plots/points.json, points without smoothing: the default template's loess
+    has nothing to fit on one checkpoint's row and drew heldout_loss as 0."""
+    history = f"{DATA}/eval/history.csv"
+    return [
+        *(f"{DATA}/{r.checkpoint}/loss.png" for r in rungs(cfg)),
+        f"{DATA}/eval/history.png",
+        f"{DATA}/eval/prompt_following.png",
+        *({f"loss_{r.name}": {"template": "linear", "x": "step", "y": {f"{DATA}/{r.checkpoint}/loss.csv": ["loss"]}}} for r in rungs(cfg)),
+        {"eval_heldout_loss": {"template": "points", "x": "step", "y": {history: ["heldout_loss"]}}},
+        {"eval_prompt_following": {"template": "points", "x": "step", "y": {history: ["prompt_following", "baseline_prompt_following"]}}},
+    ]
+
+
 def render(overrides: list[str] | None = None) -> tuple[str, str]:
     """(dvc.yaml, params.yaml) for the default profile, or for `overrides` (`data=web data.source=s3://...`),
     which every stage's command then carries, so DVC runs what params.yaml says."""
@@ -169,11 +196,8 @@ def render(overrides: list[str] | None = None) -> tuple[str, str]:
     stages = {**_source_stages(cfg, overrides), **_data_stages(cfg, overrides), **_pool_stages(cfg, overrides), **_training_stages(cfg, overrides), **_post_stages(cfg, overrides)}
     doc = {
         "stages": stages,
-        "metrics": [f"{DATA}/{s.key}/summary.json" for s in data_steps(cfg)] + [f"{DATA}/eval/metrics.json"],
-        "plots": [
-            *({f"loss_{r.name}": {"template": "linear", "x": "step", "y": {f"{DATA}/{r.checkpoint}/loss.csv": ["loss"]}}} for r in rungs(cfg)),
-            {"eval_history": {"x": "step", "y": {f"{DATA}/eval/history.csv": ["heldout_loss"]}}},
-        ],
+        "metrics": METRICS,
+        "plots": _plots(cfg),
     }
     composed = hydra_params(overrides)
     for st in stages.values():

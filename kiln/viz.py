@@ -92,6 +92,36 @@ def line_plot(series: dict[str, Sequence[float]], x: Sequence[float] | None = No
     return im
 
 
+def panel_plot(panels: dict[str, dict[str, Sequence[float | None]]], x: Sequence[float], title: str = "", xlabel: str = "step", path: Path | None = None) -> Image.Image:
+    """Side-by-side line plots sharing x, one per quantity with its own y scale (a loss of 0.13 beside an
+    accuracy of 0.8 stays readable); every point is marked, so a history of one checkpoint is a visible dot.
+    `panels`: {panel title: {series: ys}}, None for a missing value. Matplotlib (Agg): no display, no network."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), dpi=100, squeeze=False)
+    for ax, (name, series) in zip(axes[0], panels.items(), strict=True):
+        for label, ys in series.items():
+            ax.plot(list(x), [float("nan") if y is None else float(y) for y in ys], marker="o", markersize=4, linewidth=1.2, label=label)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+        if len(series) > 1:
+            ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(buf.getvalue())
+    return Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+
+
 def placeholder_tile(size: int = 64, text: str = "undecodable") -> Image.Image:
     """A grey tile crossed out, standing in for a file that could not be decoded (a decode_error reject)."""
     im = Image.new("RGB", (size, size), (222, 222, 222))

@@ -41,7 +41,7 @@ def sh(root: Path, *cmd: str, timeout: int = 600) -> str:
 
 def tiny_dvc_project(root: Path) -> Path:
     """A git + DVC repo with Hydra enabled: conf/ (micro model, 3-step run), train_set/, and the stages
-    `checkpoint` (kiln train) and `evaluation` (kiln eval, metrics in data/eval/metrics.json)."""
+    `checkpoint` (kiln train) and `evaluation` (kiln eval, its headline metrics in data/eval/headline.json)."""
     from model.testing import write_tiny_text_encoder
     from training.testing import scene_rows, write_pack_output
 
@@ -66,7 +66,7 @@ def tiny_dvc_project(root: Path) -> Path:
         "evaluation": {"cmd": "kiln eval --checkpoint data/checkpoint --data train_set --out data/eval", "deps": ["data/checkpoint", "train_set"],
                        "params": present_params(EVAL_PARAMS, composed), "outs": ["data/eval"]},
     }  # fmt: skip
-    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages, "metrics": ["data/eval/metrics.json"]}, sort_keys=False))
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages, "metrics": ["data/eval/headline.json"]}, sort_keys=False))
     sh(root, "git", "init", "-q")
     sh(root, "dvc", "init", "-q")
     for key, value in (("hydra.enabled", "true"), ("hydra.config_dir", "conf"), ("hydra.config_name", "config")):

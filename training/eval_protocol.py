@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -202,18 +203,53 @@ def history_csv(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
-def plot_history(rows: list[dict], path: Path):
-    """Quality metrics (and throughput) against the checkpoint step."""
-    from kiln.viz import line_plot
+def plot_history(rows: list[dict], path: Path | None):
+    """The evaluation against the checkpoint step, one panel per quantity (held-out loss, prompt following
+    beside the untrained baseline and per attribute, each distribution metric computed), each on its own scale."""
+    from kiln.viz import panel_plot
 
-    series = {k: [float("nan") if r[k] is None else float(r[k]) for r in rows] for k in ("prompt_following", "heldout_loss", "fid", "cmmd", "dino_mmd")}
-    series = {k: v for k, v in series.items() if not all(np.isnan(v))}
-    return line_plot(series, x=[r["step"] for r in rows], title="evaluation across checkpoints", path=path)
+    def col(k: str) -> list:
+        return [r.get(k) for r in rows]
+
+    panels = {"held-out loss": {"heldout_loss": col("heldout_loss")},
+              "prompt following": {k: col(k) for k in ("prompt_following", "baseline_prompt_following", "color", "shape", "count", "position", "background") if any(v is not None for v in col(k))}}
+    panels |= {m: {m: col(m)} for m in METRIC_OF if any(v is not None for v in col(m))}
+    return panel_plot({name: series for name, series in panels.items() if series},  x=col("step"), title="evaluation across checkpoints", path=path)
+
+
+def headline(metrics: dict) -> dict:
+    """The few numbers to read first (out/headline.json, what `dvc metrics show` prints): a subset of
+    metrics.json under the same keys, so `heldout_loss.mean` means the same in both files."""
+    base = metrics.get("baseline") or {}
+    out = {
+        "checkpoint": {"step": metrics["checkpoint"]["step"], "final_loss": metrics["checkpoint"].get("final_loss")},
+        "heldout_loss": {"mean": (metrics.get("heldout_loss") or {}).get("mean")},
+        "prompt_following": dict(metrics.get("prompt_following") or {}),
+        "baseline": {"heldout_loss": {"mean": (base.get("heldout_loss") or {}).get("mean")}, "prompt_following": {"all": (base.get("prompt_following") or {}).get("all")}},
+    }
+    if computed := {m: v for m, v in (metrics.get("distribution") or {}).items() if isinstance(v, (int, float))}:
+        out["distribution"] = computed  # a skipped metric is left out here; metrics.json says why
+    return out
+
+
+def plot_prompt_following(metrics: dict, path: Path | None):
+    """Prompt-following accuracy per attribute, the checkpoint beside its untrained baseline."""
+    from kiln.viz import bar_chart
+
+    pf = metrics.get("prompt_following") or {}
+    groups = {"checkpoint": dict(pf)}
+    if base := (metrics.get("baseline") or {}).get("prompt_following"):
+        groups["untrained"] = {a: base.get(a) for a in pf}
+    im = bar_chart(groups, title="prompt following per attribute", ylabel="accuracy", ylim=(0, 1.05))
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        im.save(path, format="PNG")
+    return im
 
 
 def record(metrics: dict, out: Path, cfg: KilnConfig) -> list[dict]:
     """Upsert this evaluation into the kept history (metrics.history) and write its copy
-    out/history.csv (+ history.png); return the rows."""
+    out/history.csv, the pictures (history.png, prompt_following.png) and out/headline.json; return the rows."""
     out = Path(out)
     kept = Path(cfg.metrics.history) if cfg.metrics.history else None
     rows = upsert(read_history(kept if kept else out / "history.csv"), history_row(metrics))
@@ -222,4 +258,6 @@ def record(metrics: dict, out: Path, cfg: KilnConfig) -> list[dict]:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     plot_history(rows, out / "history.png")
+    plot_prompt_following(metrics, out / "prompt_following.png")
+    (out / "headline.json").write_text(json.dumps(headline(metrics), indent=2, sort_keys=True) + "\n")
     return rows

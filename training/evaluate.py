@@ -11,6 +11,8 @@
                   protocol's setup (prompts, seed, steps, CFG, dataset version, extractors) is recorded
   history         one row per checkpoint step in out/history.csv (+ history.png, + the kept copy at
                   `metrics.history`)
+  headline        out/headline.json: the few numbers `dvc metrics show` prints (a subset of metrics.json),
+                  and out/prompt_following.png, the per-attribute bars beside the baseline
 """
 
 from __future__ import annotations
