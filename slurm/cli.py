@@ -26,9 +26,17 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.overrides)
     if args.what == "stage":
+        import sys
+
+        from kiln.outputs import ChecksumError, OutputError
+        from kiln.stage import StageInputError
         from slurm.arrays import run_stage_array
 
-        summary = run_stage_array(args.name, args.input, args.output, cfg, max_parallel=args.max_parallel, log=print)
+        try:
+            summary = run_stage_array(args.name, args.input, args.output, cfg, max_parallel=args.max_parallel, log=print, overwrite=args.overwrite)
+        except (StageInputError, OutputError, ChecksumError) as e:  # a refusal or a bad input: one plain line, as `kiln stage` prints it
+            print(f"kiln: {e}", file=sys.stderr)
+            return 2
         print(summary.to_json(), end="")
         return 0
     if args.dry_run:
@@ -76,6 +84,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     st.add_argument("--input", required=True)
     st.add_argument("--output", required=True)
     st.add_argument("--max-parallel", type=int, default=None, help="array tasks at once (default: cluster.max_array_parallel)")
+    st.add_argument("--overwrite", action="store_true", help="replace an existing output folder kiln did not write")
     st.add_argument("overrides", nargs="*")
     p.set_defaults(fn=cmd_submit)
     return p
