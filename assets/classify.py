@@ -27,8 +27,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import pyarrow as pa
 
-from assets.captioners import GenerationSettings, load_vlm, vlm_inputs
 from assets.embed import matrix
+from assets.vlm import GenerationSettings, load_vlm, vlm_inputs
 from kiln.config import ClassifyConfig, HeadConfig, KilnConfig
 from kiln.reasons import Reason
 from kiln.schemas import EMBEDDED

@@ -133,7 +133,7 @@ def make_namer(cfg: KilnConfig) -> Namer:
 
         return CaptionNamer(make_captioner(cfg.data.caption))
     if c.namer == "vlm":
-        from assets.captioners import GenerationSettings, VLMCaptioner
+        from assets.vlm import GenerationSettings, VLMCaptioner
 
         if not c.namer_vlm_path:
             raise ValueError("data.clustering.namer=vlm needs data.clustering.namer_vlm_path (a local model + processor folder)")

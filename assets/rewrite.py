@@ -23,7 +23,7 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from assets.captioners import GenerationSettings, seed_everything
+from assets.vlm import GenerationSettings, seed_everything
 from kiln.config import KilnConfig, RewriteConfig
 from kiln.reasons import Reason
 from kiln.sampling import FORMS  # shared with training, which draws the forms

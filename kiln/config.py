@@ -1049,11 +1049,17 @@ def validate(raw: dict[str, Any], choices: dict[str, str] | None = None, overrid
     return cfg
 
 
+def stage_overrides() -> list[str]:
+    """The overrides params.yaml carries beyond conf/, in a stage of a DVC experiment; [] elsewhere."""
+    from kiln.dvc_params import diff_overrides, experiment_params
+
+    params = experiment_params()
+    return [] if params is None else diff_overrides(compose_raw([])[0], params)
+
+
 def load_config(overrides: list[str] | None = None) -> KilnConfig:
     """The one way to get a config: compose `conf/` with overrides, then validate. Inside a DVC stage, what
     `dvc exp run -S` composed into params.yaml comes last (kiln.dvc_params)."""
-    from kiln.dvc_params import stage_overrides
-
     overrides = [*(overrides or []), *stage_overrides()]
     raw, choices = compose_raw(overrides)
     return validate(raw, choices, overrides)

@@ -20,22 +20,18 @@ from typing import Any
 PARAMS_FILE = "params.yaml"  # where DVC's Hydra composition writes (dvc's ParamsDependency.DEFAULT_PARAMS_FILE)
 
 
-def stage_overrides() -> list[str]:
-    """The overrides params.yaml carries beyond conf/, in a stage of a DVC experiment; [] elsewhere."""
+def experiment_params() -> dict[str, Any] | None:
+    """params.yaml as DVC composed it, in a stage of a DVC experiment; None elsewhere (kiln.config.stage_overrides
+    turns it into the overrides it carries beyond conf/)."""
     if not (os.environ.get("DVC_STAGE") and os.environ.get("DVC_EXP_NAME")):
-        return []
+        return None
     path = Path(PARAMS_FILE)
     if not path.is_file():
-        return []
+        return None
     import yaml
 
-    from kiln.config import compose_raw
-
     params = yaml.safe_load(path.read_text())
-    if not isinstance(params, dict):
-        return []
-    base, _ = compose_raw([])
-    return diff_overrides(base, params)
+    return params if isinstance(params, dict) else None
 
 
 def diff_overrides(base: dict[str, Any], target: dict[str, Any], prefix: str = "") -> list[str]:

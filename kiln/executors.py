@@ -15,7 +15,6 @@ the queue refuses them.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from collections.abc import Callable
@@ -36,15 +35,6 @@ def executor_of(cfg: KilnConfig) -> str:
     return chosen
 
 
-def queue_table(stage: str, input_path: Path | str, cfg: KilnConfig) -> str:
-    """The queue of one stage over one input version under one config: a rerun of the same work finds its
-    results, and other work never shares its rows."""
-    from kiln.lineage import output_hash
-
-    key = f"{output_hash(input_path)}:{cfg.model_dump_json()}"
-    return f"q_{stage}_{hashlib.sha1(key.encode()).hexdigest()[:12]}"
-
-
 def execute(
     stage: str, input_path: Path | str, output: Path | str, cfg: KilnConfig, log: Callable[[str], None] = kiln_log.info, overwrite: bool = False
 ) -> Summary:
@@ -57,7 +47,7 @@ def execute(
 
         return run_stage_array(stage, input_path, output, cfg, log=log, overwrite=overwrite)
     if executor == "queue" and get_stage(stage).scope == "shard":
-        from kiln.warehouse.cli import run_map
+        from kiln.warehouse.cli import queue_table, run_map
 
         dsn = os.environ.get("KILN_PG_DSN")
         target = Path(output).resolve()

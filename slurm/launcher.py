@@ -109,6 +109,6 @@ def train_task(data: Path, out: Path) -> TaskSpec:
     """The trainer as a Slurm job: one task per GPU over `nodes` nodes, FSDP2 x TP over them
     (`train.parallel.tp`). resume=True: a requeued job (and a resubmission into the same `out`) continues
     from the newest good DCP checkpoint there (refused if it saw another train set). A fresh run into a
-    used folder clears it before submitting (`training.trainer.prepare_output(out, False, overwrite=True)`,
+    used folder clears it before submitting (`training.runtime.prepare_output(out, False, overwrite=True)`,
     as the Dagster checkpoint asset does): the job must never delete what a requeue would resume."""
     return TaskSpec("training.trainer:train", (Path(data).resolve(), Path(out).resolve()), {"resume": True}, distributed=True, name="kiln-train")

@@ -281,7 +281,7 @@ def test_the_overrides_read_from_params_yaml_recompose_it_exactly():
 
 def test_params_yaml_is_read_only_in_a_stage_of_a_dvc_experiment(tmp_path, monkeypatch):
     """`dvc exp run` has just composed params.yaml; a plain `dvc repro` has not (it may predate an edit of conf/)."""
-    from kiln.dvc_params import stage_overrides
+    from kiln.config import stage_overrides
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "params.yaml").write_text("train:\n  steps: 2\n")

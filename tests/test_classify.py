@@ -181,8 +181,8 @@ def biased_vlm(vlm, out, rows, says_yes: list[bool]):
 
     import torch
 
-    from assets.captioners import vlm_inputs
     from assets.classify import answer_token_ids
+    from assets.vlm import vlm_inputs
 
     shutil.copytree(vlm, out)
     model, processor = load_vlm_fresh(out)
@@ -203,7 +203,7 @@ def biased_vlm(vlm, out, rows, says_yes: list[bool]):
 
 def load_vlm_fresh(path):
     """The model and processor as the product loads them, bypassing its per-process cache (the copy is new)."""
-    from assets.captioners import _load_vlm
+    from assets.vlm import _load_vlm
 
     return _load_vlm.__wrapped__(str(path), "cpu")
 

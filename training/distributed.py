@@ -119,7 +119,7 @@ def export_checkpoint(gen, out_dir: Path, cfg: KilnConfig, data: TrainSet, run: 
 
     plain = gen
     if sharded:
-        from training.trainer import init_generator
+        from training.runtime import init_generator
 
         state = full_model_state(gen, tp)
         if rank != 0:

@@ -151,7 +151,7 @@ def evaluate(checkpoint: Path, data_dir: Path, out: Path, cfg: KilnConfig) -> di
     """Score the checkpoint and its untrained baseline; write out/metrics.json (+ eval_samples.png) and return the metrics."""
     from kiln.config import ModelConfig
     from model.generator import Generator
-    from training.trainer import init_generator, setup_runtime
+    from training.runtime import init_generator, setup_runtime
 
     checkpoint, out = Path(checkpoint), Path(out)
     cfg = with_sampler_settings(cfg, read_sampler_settings(checkpoint))  # a distilled student: its own steps, no CFG

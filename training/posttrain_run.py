@@ -167,7 +167,7 @@ def open_run(
     from model.generator import Generator
     from training.distributed import build_ranks, init_distributed
     from training.parallel import parallelize
-    from training.trainer import prepare_output, setup_runtime
+    from training.runtime import prepare_output, setup_runtime
 
     post, out, parallel = cfg.post, Path(out), cfg.train.parallel
     runtime = setup_runtime(cfg.train.model_copy(update={"device": post.device, "seed": post.seed}))

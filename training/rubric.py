@@ -152,8 +152,8 @@ class VLMJudge:
     """Each requirement's question asked of a VLM by path; the answer is P(yes) (assets.classify's method)."""
 
     def __init__(self, path: str, positive: str = "yes", negative: str = "no", device: str = "cpu"):
-        from assets.captioners import load_vlm
         from assets.classify import YesNo
+        from assets.vlm import load_vlm
 
         self.model, self.processor = load_vlm(path, device)
         self.answers = YesNo.of(self.processor.tokenizer, positive, negative, path)
@@ -164,7 +164,7 @@ class VLMJudge:
         import torch
         from PIL import Image
 
-        from assets.captioners import chat_text
+        from assets.vlm import chat_text
 
         pil = [Image.fromarray(im) for im in images]
         out = np.zeros((len(images), len(prompt.requirements)), np.float64)

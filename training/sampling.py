@@ -147,7 +147,7 @@ def sample_to_dir(checkpoint: Path, out: Path, cfg: KilnConfig, prompts_file: st
     `expander`: a prompt expander folder (training/expander.py); each prompt is expanded (greedy) first, the
     DiT draws the expansion, and samples.parquet records it (`expanded_prompt`)."""
     from model.generator import Generator
-    from training.trainer import setup_runtime
+    from training.runtime import setup_runtime
 
     sc = cfg.train.sample
     runtime = setup_runtime(cfg.train)

@@ -76,8 +76,8 @@ def style_train(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = Fal
     pathway enabled, DCP step checkpoints, style_history.jsonl, style.json). A fresh run into a folder
     with an earlier run's checkpoints is refused unless `overwrite`."""
     from training.objective import sample_timesteps
+    from training.runtime import prepare_output
     from training.sampling import checkpoint_resolution, sampling_shift
-    from training.trainer import prepare_output
 
     style, out = cfg.style, Path(out)
     if not (Path(checkpoint) / "config.json").exists():

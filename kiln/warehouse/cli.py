@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 from pathlib import Path
 
 from kiln.stage_names import add_stage_argument
+
+
+def queue_table(stage: str, input_path: Path | str, cfg) -> str:
+    """The queue of one stage over one input version under one config: a rerun of the same work finds its
+    results, and other work never shares its rows."""
+    from kiln.lineage import output_hash
+
+    key = f"{output_hash(input_path)}:{cfg.model_dump_json()}"
+    return f"q_{stage}_{hashlib.sha1(key.encode()).hexdigest()[:12]}"
 
 
 def run_map(
@@ -16,14 +26,13 @@ def run_map(
     `slurm_workers` Slurm array tasks, Postgres only), write the usual OUT/kept, OUT/rejected,
     OUT/summary.json (rows sorted by id). Shared by the CLI and Dagster.
 
-    The warehouse table is keyed by stage, input version and config (`kiln.executors.queue_table`) unless
+    The warehouse table is keyed by stage, input version and config (`queue_table`) unless
     `table` names one: a changed config or input never finds the results of another, and the same run
     again resumes. Every input row must come out kept or rejected exactly once, else this fails.
     """
     import pyarrow as pa
 
     import kiln.warehouse as wh
-    from kiln.executors import queue_table
     from kiln.outputs import check_output
     from kiln.stage import get_stage, input_shards, write_stage_output
 
