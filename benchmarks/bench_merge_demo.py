@@ -5,7 +5,7 @@ materializes the domain train sets, the domain SFT checkpoints and checkpoint_me
 --select` (the merge search of post.merge keeps the best candidate by the mean domain score, on the
 evaluation seed), then scores every checkpoint again on held-out seeds (other prompts drawn from each
 domain's scene family, other noise), since the search picked its merge on the first seed. The target
-(issue #17): on each domain, the merge reaches at least 90% of the better single-domain SFT. Prints a
+(docs/post-training.md#merging): on each domain, the merge reaches at least 90% of the better single-domain SFT. Prints a
 markdown table and one JSON line.
 
     .venv/bin/python benchmarks/bench_merge_demo.py --heldout-seeds 101 202

@@ -1,7 +1,7 @@
 """Style references on the demo: train the pathway on a demo checkpoint, then transfer accuracy and content
 leakage per strength.
 
-Style is the background (and palette), content the shape the prompt names. The target (issue #18):
+Style is the background (and palette), content the shape the prompt names. The target (docs/style.md):
 transfer accuracy rises monotonically over >= 4 strengths, and content leakage (the reference's shape
 drawn instead of the prompt's) stays at or under `style.leakage_bound` at every strength. Prints a
 markdown table and one JSON line (also written to OUT/bench_style.json).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU acceptance run (issue #20): one command on a GPU machine, one JSON report.
+# The GPU acceptance run (training/gpu_check.py: float8, async TP, attention backends, FSDP2 x TP): one command on a GPU machine, one JSON report.
 #   scripts/gpu-check.sh                      # all local GPUs -> gpu-check.json (under 8 minutes on one H200)
 #   scripts/gpu-check.sh --out /tmp/r.json    # elsewhere
 #   scripts/gpu-check.sh --dry-run            # the plumbing on CPU (gloo, micro model): what CI runs

@@ -1,4 +1,4 @@
-"""The GPU paths, checked where no GPU is (issue #20).
+"""The GPU paths (float8, async TP, attention backends, device=cuda), checked where no GPU is.
 
 GPU-only settings (float8, async TP, a fused attention backend, device=cuda) fail with the key named: in the
 schema when any machine can see the contradiction, and at the start of a run when this machine lacks what

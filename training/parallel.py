@@ -212,7 +212,7 @@ def apply_activation_checkpointing(blocks: nn.ModuleList, mode: str) -> None:
 def apply_compile(blocks: nn.ModuleList, device_type: str, distributed: bool) -> None:
     """torch.compile each block in place. DTensor + compile on CPU gives wrong gradients: refused."""
     if distributed and device_type == "cpu":
-        raise ValueError("parallel.compile with FSDP2/TP on CPU gives wrong gradients (ARCHITECTURE.md 6): compile single-process on CPU, or on GPU")
+        raise ValueError("parallel.compile with FSDP2/TP on CPU gives wrong gradients (docs/training-at-scale.md, torch.compile): compile single-process on CPU, or on GPU")
     for block in blocks:
         block.compile()
 
