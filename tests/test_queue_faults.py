@@ -22,6 +22,7 @@ import pytest
 import kiln.warehouse as wh
 from kiln.config import KilnConfig, load_config
 from kiln.reasons import Reason
+from kiln.stage import Rejects, StageOutput
 from kiln.warehouse import postgres as pg
 from kiln.warehouse.probes import COMPUTE, FAULTS, fault_rows, probe_rows
 
@@ -142,6 +143,22 @@ def test_postgres_a_queue_of_another_config_is_refused_not_reused(dsn):
         wh.map(COMPUTE, changed, dsn=dsn, workers=0, table=table, cfg=CFG)
 
 
+@pytest.mark.postgres
+def test_postgres_a_queue_of_other_rows_is_refused_not_mixed_in(dsn):
+    """The API's table name defaults to `images`: mapping other rows into a table whose job holds these
+    would hand back both inputs' results. The same rows again resume."""
+    table = fresh(dsn, "qf_rows", COMPUTE.name)
+    wh.map(COMPUTE, probe_rows(10), dsn=dsn, workers=1, table=table, cfg=CFG).wait(progress_bar=False, timeout=60)
+    with pytest.raises(ValueError, match="holds 10 rows that are not among these 5: it is another input's job"):
+        wh.map(COMPUTE, probe_rows(5, start=10), dsn=dsn, workers=0, table=table, cfg=CFG)
+    with pytest.raises(ValueError, match="holds 5 rows that are not among these 5"):
+        wh.map(COMPUTE, probe_rows(5), dsn=dsn, workers=0, table=table, cfg=CFG)  # five of the ten
+    again = wh.map(COMPUTE, probe_rows(10), dsn=dsn, workers=0, table=table, cfg=CFG)
+    assert again.progress().done == 10
+    with pg.connect(dsn) as conn:
+        assert len(pg.read_table(conn, table)) == 10  # nothing of the refused rows was loaded
+
+
 # ------------------------------------------------------------------------------------------- kiln map
 @pytest.fixture(scope="module")
 def manifests(tmp_path_factory):
@@ -202,12 +219,26 @@ def test_kiln_map_embedded_runs_a_named_table_afresh_for_a_new_config_or_input(m
 
 @pytest.mark.postgres
 @pytest.mark.integration
-def test_kiln_map_fails_when_rows_out_are_not_the_rows_in(manifests, tmp_path, dsn):
+def test_kiln_map_refuses_a_named_table_that_holds_another_inputs_rows(manifests, tmp_path, dsn):
     from kiln.warehouse.cli import run_map
 
     cfg = load_config(["cluster.workers=1"])
     table = fresh(dsn, "qf_shared", "filter")
     run_map("filter", manifests / "six", tmp_path / "a", cfg, dsn, 1, table, log=lambda _: None)
-    with pytest.raises(RuntimeError, match=r"4 rows in but \d kept \+ \d rejected out of warehouse table 'qf_shared' \(2 not in this input"):
+    with pytest.raises(ValueError, match="'qf_shared__filter' holds 2 rows that are not among these 4"):
         run_map("filter", manifests / "four", tmp_path / "b", cfg, dsn, 1, table, log=lambda _: None)
     assert not (tmp_path / "b").exists()
+
+
+def test_kiln_map_fails_when_rows_out_are_not_the_rows_in():
+    """The last check before OUT is written, whatever the warehouse handed back."""
+    from kiln.warehouse.cli import check_rows_out
+
+    rows = probe_rows(4)
+    extra = probe_rows(6).select(["id", "uri"])
+    out = StageOutput(extra.slice(0, 3), Rejects("probe").table())
+    with pytest.raises(RuntimeError, match=r"4 rows in but 3 kept \+ 0 rejected out of warehouse table 't' \(0 not in this input.*1 without a result"):
+        check_rows_out("probe", "t", rows, out)
+    with pytest.raises(RuntimeError, match=r"2 not in this input, e.g. \['row-0000004', 'row-0000005'\]"):
+        check_rows_out("probe", "t", rows, StageOutput(extra, Rejects("probe").table()))
+    check_rows_out("probe", "t", rows, StageOutput(extra.slice(0, 4), Rejects("probe").table()))  # the same ids: written

@@ -178,6 +178,8 @@ def map(
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (pg.DDL_LOCK,))
             pg.ensure_registry(conn)
             pg.refuse_other_config(conn, job)
+            if rows is not None:
+                pg.refuse_other_rows(conn, job, rows.column("id").to_pylist())
         if rows is not None:
             pg.load_rows(conn, input_name, rows)
         have = pg.table_schema(conn, input_name)

@@ -256,6 +256,20 @@ def refuse_other_config(conn: psycopg.Connection, job: Job) -> None:
         )
 
 
+def refuse_other_rows(conn: psycopg.Connection, job: Job, ids: list[str]) -> None:
+    """A queue that already holds rows other than `ids` is another input's job: its results would come back
+    with these (the same table name mapped twice with different rows, such as the API's default `images`).
+    Refused before anything is loaded, never mixed in."""
+    if conn.execute("SELECT to_regclass(%s)", (sql.Identifier(job.queue).as_string(conn),)).fetchone()[0] is None:
+        return
+    (other,) = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE NOT (id = ANY(%s))").format(sql.Identifier(job.queue)), (ids,)).fetchone()
+    if other:
+        raise ValueError(
+            f"warehouse queue {job.queue!r} holds {other} rows that are not among these {len(ids)}: it is another input's job; "
+            "map into a table of its own (kiln map keys one by input and config) or drop_job() first"
+        )
+
+
 def read_job(conn: psycopg.Connection, table: str, stage: str) -> Job:
     row = conn.execute(
         "SELECT stage_ref, config, batch_size, max_attempts, lease_s FROM kiln_jobs WHERE input_table = %s AND stage = %s",
