@@ -10,21 +10,17 @@ bottom-up build because on the demo it keeps the top level aligned with the scen
 Each cluster is named by a `Namer` from the rows nearest its centroid (captions for the demo; a VLM
 elsewhere). Clusters of the review level that are flagged (all, or outliers: small or loose ones)
 are written to a review table in DuckDB (`cluster_review`), where a person marks each one approve or
-reject, from `kiln review` or by editing the table. The stage honours those decisions on its next
+reject, from `kiln review` (kiln/review.py, which holds the table) or by editing it. The stage honours those decisions on its next
 run: every row of a rejected cluster is rejected with `cluster_rejected`, so it disappears from the
 next training set with the reason recorded. A decision sticks to the cluster whose centroid it was
-made on (cosine >= CENTROID_MATCH); when re-clustering moves a centroid, the cluster goes back to
+made on (cosine >= kiln.review.CENTROID_MATCH); when re-clustering moves a centroid, the cluster goes back to
 pending instead of silently inheriting a verdict about other images.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -32,13 +28,10 @@ import pyarrow as pa
 
 from assets.embed import l2_normalise, matrix
 from kiln.config import ClusteringConfig, KilnConfig
-from kiln.errors import MissingInput, UnknownName
 from kiln.reasons import Reason
+from kiln.review import sync_review
 from kiln.schemas import CLUSTERED, EMBEDDED
 from kiln.stage import Rejects, Stage, StageOutput
-
-CENTROID_MATCH = 0.99
-DECISIONS = ("pending", "approve", "reject")
 
 
 # ----------------------------------------------------------------------------------------- k-means
@@ -176,72 +169,6 @@ def flag_reason(info: ClusterInfo, cfg: ClusteringConfig) -> str:
     return ""
 
 
-# ------------------------------------------------------------------------------------ review table
-REVIEW_DDL = """
-CREATE TABLE IF NOT EXISTS cluster_review (
-    level INTEGER, cluster INTEGER, name VARCHAR, size INTEGER, cohesion DOUBLE, flag_reason VARCHAR,
-    nearest_ids VARCHAR, centroid BLOB, decision VARCHAR DEFAULT 'pending', note VARCHAR DEFAULT '',
-    PRIMARY KEY (level, cluster))
-"""
-
-
-def connect(db: Path | str):
-    import duckdb
-
-    Path(db).parent.mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect(str(db))
-    con.execute(REVIEW_DDL)
-    return con
-
-
-def sync_review(db: Path | str, clusters: list[ClusterInfo]) -> dict[int, tuple[str, str]]:
-    """Upsert flagged clusters, keep decisions whose centroid still matches; return cluster -> (decision, name)
-    for every cluster of the given level that has a live decision in the table."""
-    con = connect(db)
-    try:
-        live: dict[int, tuple[str, str]] = {}
-        for info in clusters:
-            row = con.execute("SELECT centroid, decision, note FROM cluster_review WHERE level = ? AND cluster = ?", [info.level, info.cluster]).fetchone()
-            same = False
-            if row is not None and len(row[0]) == 4 * len(info.centroid):
-                same = float(np.frombuffer(row[0], np.float32) @ info.centroid) >= CENTROID_MATCH
-            if not info.flag_reason and not same:
-                continue  # not flagged, nothing reviewed for it
-            decision, note = (row[1], row[2]) if same else ("pending", "")
-            con.execute(
-                "INSERT OR REPLACE INTO cluster_review VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [info.level, info.cluster, info.name, info.size, info.cohesion, info.flag_reason or "reviewed",
-                 json.dumps(info.nearest), info.centroid.astype(np.float32).tobytes(), decision, note],
-            )
-            live[info.cluster] = (decision, info.name)
-        return live
-    finally:
-        con.close()
-
-
-def set_decision(db: Path | str, level: int, cluster: int, decision: str, note: str = "") -> None:
-    if decision not in DECISIONS:
-        raise ValueError(f"decision must be one of {DECISIONS}, got {decision!r}")
-    con = connect(db)
-    try:
-        n = con.execute("SELECT count(*) FROM cluster_review WHERE level = ? AND cluster = ?", [level, cluster]).fetchone()[0]
-        if not n:
-            raise UnknownName(f"no cluster {level}:{cluster} in the review table {db}; `kiln review list` shows them")
-        con.execute("UPDATE cluster_review SET decision = ?, note = ? WHERE level = ? AND cluster = ?", [decision, note, level, cluster])
-    finally:
-        con.close()
-
-
-def review_rows(db: Path | str) -> list[dict]:
-    con = connect(db)
-    try:
-        cur = con.execute("SELECT level, cluster, name, size, cohesion, flag_reason, decision, note FROM cluster_review ORDER BY level, cluster")
-        cols = [d[0] for d in cur.description]
-        return [dict(zip(cols, r)) for r in cur.fetchall()]
-    finally:
-        con.close()
-
-
 # ------------------------------------------------------------------------------------------- stage
 def cluster_rows(table: pa.Table, cfg: KilnConfig, namer: Namer | None = None, stage: str = "cluster") -> tuple[StageOutput, list[list[ClusterInfo]]]:
     """Cluster, name, sync the review table, reject rows of rejected clusters. Also returns the summaries."""
@@ -357,43 +284,3 @@ def purity(labels: np.ndarray, truth: list) -> float:
     """Share of rows whose cluster's majority truth label is their own."""
     truth = np.asarray(truth, dtype=object)
     return float(sum(Counter(truth[labels == c]).most_common(1)[0][1] for c in np.unique(labels)) / len(labels))
-
-
-# --------------------------------------------------------------------------------------------- CLI
-def add_review_parser(subparsers) -> argparse.ArgumentParser:
-    r = subparsers.add_parser("review", help="list clusters flagged for review, or approve / reject one")
-    r.add_argument("action", choices=["list", "approve", "reject", "pending"])
-    r.add_argument("cluster", nargs="?", help="LEVEL:CLUSTER, or CLUSTER at the review level")
-    r.add_argument("--note", default="")
-    r.add_argument("--db", default=None, help="review DuckDB file (default: data.clustering.review_db)")
-    r.add_argument("overrides", nargs="*")
-    r.set_defaults(fn=review_cli)
-    return r
-
-
-def review_cli(args: argparse.Namespace) -> int:
-    from kiln.config import load_config
-
-    c = load_config(list(getattr(args, "overrides", []) or [])).data.clustering
-    db = args.db or c.review_db
-    if not Path(db).exists():  # reading would create an empty table: say what is missing instead
-        if args.action == "list":
-            print(f"no clustering run yet: no review table at {db} (the cluster stage writes it)")
-            return 0
-        raise MissingInput(f"no clustering run yet: no review table at {db} (the cluster stage writes it)")
-    if args.action == "list":
-        rows = review_rows(db)
-        for row in rows:
-            print(f"{row['level']}:{row['cluster']:<4} {row['decision']:<8} size {row['size']:<5} {row['name']!r}  [{row['flag_reason']}] {row['note']}")
-        if not rows:
-            print(f"no clusters flagged in {db}")
-        return 0
-    if not args.cluster:
-        print("kiln review: which cluster? (LEVEL:CLUSTER)", file=sys.stderr)
-        return 2
-    level, cluster = (args.cluster.split(":", 1) if ":" in args.cluster else (c.review_level, args.cluster))
-    if not (str(level).isdigit() and str(cluster).isdigit()):
-        raise UnknownName(f"{args.cluster!r} is not a cluster: LEVEL:CLUSTER or CLUSTER, whole numbers")
-    set_decision(db, int(level), int(cluster), args.action, args.note)
-    print(f"{level}:{cluster} -> {args.action}; the next cluster stage run honours it")
-    return 0

@@ -473,7 +473,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 # Subcommands whose parsers live in heavy modules (numpy, duckdb, torch): name -> (module, parser adder, help).
 DEFERRED = {
-    "review": ("assets.cluster", "add_review_parser", "list clusters flagged for review, or approve / reject one"),
+    "review": ("kiln.review", "add_review_parser", "list clusters flagged for review, or approve / reject one"),
     "annotate": ("training.annotate", "add_parser", "label preference pairs in a local page (human calibration), or --export the labels as human pairs"),
     "rubric": ("training.rubric", "add_parser", "a rubric prompt set (post.prompts / post.eval_prompts) from plain prompts, requirements written by an LLM by path"),
 }

@@ -7,9 +7,9 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
-from assets.cluster import review_rows, set_decision
 from kiln.config import load_config
 from kiln.lineage import MAIN_CHAIN, ladder_steps
+from kiln.review import review_rows, set_decision
 from kiln.stage import read_dataset
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -10,18 +10,10 @@ import torch
 from held_out import HELD_OUT_SEEDS, held_out_demo
 from sklearn.metrics import adjusted_rand_score
 
-from assets.cluster import (
-    add_review_parser,
-    balanced_sample,
-    cluster_grid,
-    hierarchical_kmeans,
-    level_labels,
-    purity,
-    review_cli,
-    review_rows,
-)
+from assets.cluster import balanced_sample, cluster_grid, hierarchical_kmeans, level_labels, purity
 from kiln.config import load_config
 from kiln.reasons import Reason
+from kiln.review import add_review_parser, review_cli, review_rows
 from kiln.schemas import CLUSTERED
 from kiln.stage import read_dataset, run_stage
 
