@@ -139,3 +139,43 @@ def test_dvc_metrics_show_prints_the_evaluation_headline_as_one_short_row(a_run)
 
     assert leaves(headline).items() <= leaves(full).items()
     assert {"heldout_loss.mean", "prompt_following.all", "baseline.prompt_following.all", "checkpoint.step"} <= leaves(headline).keys()
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_the_evaluation_history_is_a_cached_output_kept_across_runs_that_outlives_data(tmp_path):
+    """The evaluation stage as `kiln dvc write` declares it, on a tiny project whose `metrics.history` is kept
+    outside data/: an unchanged stage is not rerun, an experiment adds its row to the kept rows, `rm -rf data`
+    leaves the history, and `dvc checkout` restores it from DVC's cache."""
+    from dvc.utils.hydra import compose_and_dump
+    from test_ablate import sh, tiny_dvc_project
+
+    from kiln.dvcgen import evaluation_outs
+    from training.eval_protocol import read_history
+
+    history = "eval_history/history.csv"
+    root = tiny_dvc_project(tmp_path / "project")
+    metrics_conf = root / "conf" / "metrics" / "demo.yaml"
+    metrics_conf.write_text("".join(f"history: {history}\n" if line.startswith("history:") else line for line in metrics_conf.read_text().splitlines(keepends=True)))
+    compose_and_dump(root / "params.yaml", str(root / "conf"), None, "config", str(root), [])
+    doc = yaml.safe_load((root / "dvc.yaml").read_text())
+    doc["stages"]["evaluation"]["outs"] = evaluation_outs(history)
+    (root / "dvc.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    sh(root, "git", "add", "-A")
+    sh(root, "git", "commit", "-q", "-m", "history kept outside data/")
+
+    sh(root, "dvc", "repro", "evaluation")
+    assert [r["step"] for r in read_history(root / history)] == [3]
+    assert "Stage 'evaluation' didn't change, skipping" in sh(root, "dvc", "repro", "evaluation")
+    sh(root, "git", "add", "-A")
+    sh(root, "git", "commit", "-q", "-m", "first run")
+
+    sh(root, "dvc", "exp", "run", "-n", "two-steps", "-S", "train.steps=2", "evaluation")
+    kept = (root / history).read_bytes()
+    assert [r["step"] for r in read_history(root / history)] == [2, 3]  # persisted: the experiment added its row
+
+    shutil.rmtree(root / "data")
+    assert (root / history).read_bytes() == kept
+    (root / history).unlink()
+    sh(root, "dvc", "checkout", history)
+    assert (root / history).read_bytes() == kept  # cached: DVC restores it
