@@ -3,6 +3,7 @@
 Sections, each recorded as `ok`, `skipped` (with the reason) or `failed` (with the error), so one broken
 path does not hide the others:
   * environment: driver, CUDA, cuDNN, NCCL, torch / torchao versions, each GPU's model, capability, memory;
+  * attention: which SDPA backends (train.parallel.attention) have a kernel for the DiT's attention here;
   * parallel: the real trainer (training.trainer.train) under torchrun over all local GPUs: FSDP2 x TP
     (tp = the largest of 4, 2 that divides the GPU count; one GPU runs unsharded), bf16 autocast, per-block
     torch.compile, NVML telemetry every step; tokens/s, MFU against the GPU's bf16 peak, per-rank step times;
@@ -196,7 +197,7 @@ def largest_fit_section(ctx: dict) -> dict:
     from training.muon import make_optimizer
     from training.parallel import parallelize
     from training.text_cache import TextCache
-    from training.trainer import Runtime, init_generator, step_generator, train_step
+    from training.trainer import Learner, Runtime, StepBatch, init_generator, step_generator, train_step
 
     dry = ctx["dry_run"]
     device = torch.device(ctx["device"] if dry else "cuda:0")
@@ -226,7 +227,7 @@ def largest_fit_section(ctx: dict) -> dict:
                 x0 = torch.randn(batch, 3, px, px, device=device)
                 text = cache.batch(["a red circle on a blue background"] * batch, device)
                 null = gen.null_text(batch)
-                result = train_step(gen, opt, x0, text, null, step_generator(0, 0), cfg.train, 1e-5, 1.0, runtime)
+                result = train_step(Learner(gen, opt, cfg.train, runtime), StepBatch(x0, text, null), step_generator(0, 0), 1e-5, 1.0)
                 peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
                 fitted = {"batch": batch, "peak_memory_gib": round(peak, 2) if peak is not None else None, "loss_finite": math.isfinite(result.loss)}
                 batch *= 2
@@ -242,7 +243,21 @@ def largest_fit_section(ctx: dict) -> dict:
     return {"status": "ok", "px": px, "activation_checkpointing": "none", "largest": largest, "sizes": results}
 
 
-SECTIONS = {"parallel": parallel_section, "float8": float8_section, "largest_fit": largest_fit_section}
+def attention_section(ctx: dict) -> dict:
+    """Which SDPA backends (train.parallel.attention) have a kernel here for the 1.2B class's attention
+    (head_dim 128, GQA, key-mask bias) in the step's dtype: None, or why not."""
+    import torch
+
+    from model.sizes import get_size
+    from training.gpu_settings import attention_kernel_problem
+
+    size = get_size("prx_1b")
+    dtype = torch.float32 if ctx["dry_run"] else torch.bfloat16
+    backends = {name: attention_kernel_problem(name, ctx["device"], dtype, size.width // size.heads, size.kv_heads != size.heads) for name in ("flash", "cudnn", "efficient", "math")}
+    return {"status": "ok", "dtype": str(dtype), "problems": backends}
+
+
+SECTIONS = {"attention": attention_section, "parallel": parallel_section, "float8": float8_section, "largest_fit": largest_fit_section}
 
 
 def run_check(out: Path, dry_run: bool, budget_s: float, only: list[str] | None = None) -> dict:

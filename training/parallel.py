@@ -210,11 +210,13 @@ def apply_activation_checkpointing(blocks: nn.ModuleList, mode: str) -> None:
 
 # ------------------------------------------------------------------------------------------- compile
 def apply_compile(blocks: nn.ModuleList, device_type: str, distributed: bool) -> None:
-    """torch.compile each block in place. DTensor + compile on CPU gives wrong gradients: refused."""
+    """torch.compile each block's forward in place (parameter names unchanged). The forward, not the module
+    (`Module.compile`): a forward that activation checkpointing replaced is not traced through the module's
+    call and would silently run eager. DTensor + compile on CPU gives wrong gradients: refused."""
     if distributed and device_type == "cpu":
         raise ValueError("parallel.compile with FSDP2/TP on CPU gives wrong gradients (docs/training-at-scale.md, torch.compile): compile single-process on CPU, or on GPU")
     for block in blocks:
-        block.compile()
+        block.forward = torch.compile(block.forward)
 
 
 def float8_filter(min_dim: int):
