@@ -20,7 +20,7 @@ from model.generator import Generator, resolve_dit_config
 from model.testing import micro_model_config
 from training.telemetry import read_metrics
 from training.testing import scene_rows, tiny_config, write_pack_output
-from training.trainer import Runtime, init_generator, step_generator, train, train_step
+from training.trainer import Learner, Runtime, StepBatch, init_generator, step_generator, train, train_step
 
 WIDTH, DEPTH, HEADS, HEAD_DIM, REFINER_LAYERS = 64, 2, 2, 32, 1
 
@@ -289,7 +289,7 @@ def test_token_routing_sends_a_share_of_the_image_tokens_around_the_span_in_trai
     x, _, text = _inputs(gen)
     tc = TrainConfig(route={"frac": 0.5, "start": 1, "end": 2}, caption_dropout=0.0)
     cpu = Runtime(torch.device("cpu"), None)
-    result = train_step(gen, make_optimizer(gen, tc), x, text, gen.null_text(2), step_generator(0, 0), tc, 1e-3, 1.0, cpu)
+    result = train_step(Learner(gen, make_optimizer(gen, tc), tc, cpu), StepBatch(x, text, gen.null_text(2)), step_generator(0, 0), 1e-3, 1.0)
     assert math.isfinite(result.loss)
     seq = gen.tokens_per_sample(16, 16)  # 16 text + 64 image tokens, no padding
     image = (16 // 2) ** 2

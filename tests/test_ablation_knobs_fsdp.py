@@ -33,7 +33,7 @@ def _worker(rank: int, world: int, port: int, te_dir: str, out_dir: str) -> None
     from training.ema import WeightEma
     from training.muon import make_optimizer
     from training.parallel import build_mesh, parallelize
-    from training.trainer import Runtime, init_generator, step_generator, train_step
+    from training.trainer import Learner, Runtime, StepBatch, init_generator, step_generator, train_step
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -51,8 +51,8 @@ def _worker(rank: int, world: int, port: int, te_dir: str, out_dir: str) -> None
     text = TextBatch(torch.randn(4, 3, 16, 32, generator=g), torch.ones(4, 16, dtype=torch.bool))
     null = TextBatch(torch.zeros(4, 3, 16, 32), torch.ones(4, 16, dtype=torch.bool))
     for step in range(STEPS):
-        train_step(sharded, opt_sh, x0, text, null, step_generator(0, step), tc, tc.lr, 1.0, cpu, local_rows(4, rank, world), world)
-        train_step(ref, opt_ref, x0, text, null, step_generator(0, step), tc, tc.lr, 1.0, cpu)
+        train_step(Learner(sharded, opt_sh, tc, cpu, world), StepBatch(x0, text, null), step_generator(0, step), tc.lr, 1.0, local_rows(4, rank, world))
+        train_step(Learner(ref, opt_ref, tc, cpu), StepBatch(x0, text, null), step_generator(0, step), tc.lr, 1.0)
         ema_sh.update(sharded)
         ema_ref.update(ref)
     shards = ema_sh.averaged()

@@ -261,7 +261,7 @@ def test_non_finite_weights_are_never_exported_even_when_every_step_may_be_skipp
 def test_a_step_with_a_non_finite_loss_applies_no_update(text_encoder_dir):
     from training.data import TrainSet
     from training.muon import make_optimizer
-    from training.trainer import init_generator, setup_runtime, step_generator, train_step
+    from training.trainer import Learner, StepBatch, init_generator, setup_runtime, step_generator, train_step
 
     cfg = _cfg(text_encoder_dir).train
     gen = init_generator(_cfg(text_encoder_dir).model, 0)
@@ -271,7 +271,7 @@ def test_a_step_with_a_non_finite_loss_applies_no_update(text_encoder_dir):
     text = gen.encode_text(list(batch.captions))
     before = {k: v.clone() for k, v in gen.state_dict().items()}
     x0[0, 0, 0, 0] = float("nan")
-    result = train_step(gen, opt, x0, text, gen.null_text(batch.size), step_generator(0, 0), cfg, 1e-3, 1.0, setup_runtime(cfg))
+    result = train_step(Learner(gen, opt, cfg, setup_runtime(cfg)), StepBatch(x0, text, gen.null_text(batch.size)), step_generator(0, 0), 1e-3, 1.0)
     assert result.skipped and result.loss != result.loss
     assert all(torch.equal(before[k], v) for k, v in gen.state_dict().items()) and not opt.state
 

@@ -61,7 +61,7 @@ def _worker(rank: int, world: int, port: int, te_dir: str, out: str, cases: list
     from training.distributed import full_model_state, local_rows
     from training.muon import make_optimizer
     from training.parallel import build_mesh, parallelize
-    from training.trainer import Runtime, step_generator, train_step
+    from training.trainer import Learner, Runtime, StepBatch, step_generator, train_step
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -79,8 +79,9 @@ def _worker(rank: int, world: int, port: int, te_dir: str, out: str, cases: list
         for step in range(STEPS):
             x0, text, null = _inputs(step)
             cpu = Runtime(torch.device("cpu"), None)
-            a = train_step(sharded, opt_sh, x0, text, null, step_generator(0, step), tc, tc.lr, 1.0, cpu, local_rows(4, dp_rank, dp), dp)
-            b = train_step(ref, opt_ref, x0, text, null, step_generator(0, step), tc, tc.lr, 1.0, cpu)
+            batch = StepBatch(x0, text, null)
+            a = train_step(Learner(sharded, opt_sh, tc, cpu, dp), batch, step_generator(0, step), tc.lr, 1.0, local_rows(4, dp_rank, dp))
+            b = train_step(Learner(ref, opt_ref, tc, cpu), batch, step_generator(0, step), tc.lr, 1.0)
             losses.append((a.loss, b.loss, a.grad_norm, b.grad_norm))
         full = full_model_state(sharded, 2)  # gathered on rank 0
         if rank != 0:

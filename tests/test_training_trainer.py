@@ -22,7 +22,7 @@ from training.evaluate import heldout_loss, heldout_rows
 from training.muon import make_optimizer
 from training.telemetry import SpikeDetector, read_metrics
 from training.testing import scene_rows, tiny_config, write_pack_output
-from training.trainer import init_generator, setup_runtime, step_generator, train, train_step
+from training.trainer import Learner, StepBatch, init_generator, setup_runtime, step_generator, train, train_step
 
 STEPS = 30
 WEIGHTS = [1.0, 2.0, 0.5, 0.0, 1.5] * 12  # mean 1, as the concept coverage makes them
@@ -120,7 +120,7 @@ def test_the_exported_checkpoint_gives_the_trained_velocities(setup, tmp_path):
     x0 = gen.autoencoder.encode(batch.pixels)
     text = gen.encode_text(list(batch.captions))
     for step in range(3):  # the step function alone, no loop: what every rank of a sharded job calls
-        result = train_step(gen, opt, x0, text, gen.null_text(batch.size), step_generator(0, step), cfg.train, 1e-3, 1.0, runtime)
+        result = train_step(Learner(gen, opt, cfg.train, runtime), StepBatch(x0, text, gen.null_text(batch.size)), step_generator(0, step), 1e-3, 1.0)
         assert result.loss > 0 and result.grad_norm > 0 and result.repa_loss is None
     gen.save_pretrained(tmp_path)
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -43,19 +44,49 @@ class NonFiniteTraining(RuntimeError):
     """The run diverged (non-finite loss, grad norm or weights): it stops, and nothing is exported."""
 
 
-def train_step(
-    gen, opt, x0, text, null_text, rng: torch.Generator, cfg: TrainConfig, lr: float, shift: float, runtime: Runtime,
-    rows: slice = slice(None), dp_size: int = 1, repa=None, repa_opt=None, images=None,
-) -> StepResult:
+@dataclass(frozen=True)
+class Learner:
+    """What every step trains and how: the model and its optimiser, the stage's settings, the device, and the
+    number of data-parallel ranks sharing each global batch. `repa` (training.repa.Repa) and its optimiser
+    `repa_opt` while REPA is on; `without_repa()` for the steps after `train.repa.steps`."""
+
+    gen: Any
+    opt: torch.optim.Optimizer
+    cfg: TrainConfig
+    runtime: Runtime
+    dp_size: int = 1
+    repa: Any = None
+    repa_opt: torch.optim.Optimizer | None = None
+
+    def without_repa(self) -> Learner:
+        return replace(self, repa=None, repa_opt=None)
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """One global batch: the clean inputs `x0` (pixels or latents), their caption embeddings, the empty caption's
+    (for caption dropout), and, for REPA, the clean images in [-1, 1] pixels."""
+
+    x0: torch.Tensor
+    text: Any
+    null_text: Any
+    images: torch.Tensor | None = None
+
+
+def train_step(learner: Learner, batch: StepBatch, rng: torch.Generator, lr: float, shift: float, rows: slice = slice(None)) -> StepResult:
     """One optimiser step of rectified-flow v-prediction on this rank's `rows` of a global batch.
 
     The draws cover the whole batch, the loss is sum / global batch * dp_size (FSDP averages over dp):
-    with dp_size=1 and all rows it is the plain single-process step. `repa` (training.repa.Repa, with its
-    optimiser `repa_opt`) adds weight x the REPA term on `images`, the clean batch in [-1, 1] pixels.
-    A non-finite loss or grad norm (the same on every rank: both are global) skips the update."""
+    with dp_size=1 and all rows it is the plain single-process step. With `learner.repa` the step adds
+    weight x the REPA term on `batch.images`. A non-finite loss or grad norm (the same on every rank: both
+    are global) skips the update."""
     from training.distributed import all_reduce_sum, grad_norm_and_clip
     from training.objective import drop_captions, flow_loss, sample_timesteps
 
+    gen, opt, cfg, runtime, dp_size, repa, repa_opt = (
+        learner.gen, learner.opt, learner.cfg, learner.runtime, learner.dp_size, learner.repa, learner.repa_opt
+    )
+    x0, text, null_text, images = batch.x0, batch.text, batch.null_text, batch.images
     b = x0.shape[0]
     device = runtime.device
     t = sample_timesteps(b, rng, cfg.timestep_mean, cfg.timestep_std, shift, device)
@@ -237,6 +268,7 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
         step, position, loss_ema, last = run.step, run.position, run.loss_ema, run.last_loss
         skipped = 0  # non-finite steps skipped so far in this process
         stream = data.stream(tc.seed, run.position)
+        learner = Learner(gen, opt, tc, runtime, ranks.dp_size, repa, repa_opt)
         with Prefetcher(stream, latent_encoder(gen, cfg.model.latent_cache_dir), tc.loader_workers) as loader:
             steps = range(step, end)
             for step in progress(steps, desc="train", total=len(steps), unit="step"):  # rank 0's bar only (kiln.progress)
@@ -253,7 +285,7 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
                 on = repa is not None and repa_active(tc.repa, step)
                 images = from_uint8_nhwc(batch.pixels, device) if on else None
                 with attention_context(tc.parallel.attention):
-                    result = train_step(gen, opt, x0, text, null, step_generator(tc.seed, step), tc, lr, shift, runtime, rows, ranks.dp_size, repa if on else None, repa_opt if on else None, images)
+                    result = train_step(learner if on else learner.without_repa(), StepBatch(x0, text, null, images), step_generator(tc.seed, step), lr, shift, rows)
                 if ema is not None and not result.skipped:
                     ema.update(gen)
                 if device.type == "cuda":
