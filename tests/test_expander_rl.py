@@ -17,6 +17,7 @@ from training.expander_rewards import (
     DemoGrammarExtractor,
     LLMAttributeExtractor,
     diversity,
+    diversity_of_faithful,
     faithfulness,
     gate,
     gdpo_advantages,
@@ -120,6 +121,25 @@ def test_diversity_is_each_images_mean_cosine_distance_to_its_group():
     assert np.allclose(
         diversity(np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])), [0.5, 0.5, 1.0]
     )
+
+
+def test_rl_pays_diversity_only_to_expansions_that_keep_every_attribute():
+    """Overriding the prompt's background spreads a group's images most; that spread must earn nothing."""
+    extractor = DemoGrammarExtractor()
+    short = "red square, black background"
+    texts = [
+        "a large red square at the top, on a black background",
+        "a small red square on the left, on a black background",
+        "a large red square at the top and a green circle at the bottom, on a white background",
+    ]
+    rewards = {"faithfulness": faithfulness(extractor, short, texts), "diversity": np.array([0.2, 0.3, 0.9])}
+    out = diversity_of_faithful(rewards)
+    assert out["diversity"].tolist() == [0.2, 0.3, 0.0]
+    assert out["faithfulness"] is rewards["faithfulness"]  # the other rewards are untouched
+    # GDPO then ranks the overriding expansion last on diversity too, where it ranked first before
+    adv = gdpo_advantages({k: torch.tensor(v[None]) for k, v in out.items()}, {"faithfulness": 1.0, "diversity": 1.0})
+    assert adv[0, 2] == adv.min()
+    assert diversity_of_faithful({"faithfulness": np.ones(2)}).keys() == {"faithfulness"}  # no DiT: no diversity
 
 
 def test_an_llm_extractor_by_path_lists_attributes_and_checks_their_words(tmp_path):

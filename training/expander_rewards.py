@@ -9,6 +9,9 @@ Per short prompt, the policy writes G expansions; each gets:
 - image: the DiT draws the expansion and the rubric judge (training/rewards.py, the post-training reward
   interface) scores the requirements the short prompt states (`IntentRubricReward`);
 - diversity: each image's mean cosine distance (image embeddings) to the rest of its group, against collapse;
+  in RL it counts only for expansions that keep every attribute (`diversity_of_faithful`): images spread
+  most when expansions override the prompt (another background, another shape), so an unconditioned
+  diversity reward pays for exactly what faithfulness forbids (GDPO's conditioned rewards);
 - safety gate: an expansion with a blocklisted word gets 0 for every reward.
 
 GDPO (`gdpo_advantages`): each reward is standardised within its group separately, the standardised rewards
@@ -219,6 +222,14 @@ def make_extractor(cfg) -> AttributeExtractor:
 
 
 # ---------------------------------------------------------------------------------- image, diversity
+def diversity_of_faithful(rewards: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The diversity reward conditioned on faithfulness: 0 for an expansion that lost any attribute of the
+    short prompt, so the group's spread is rewarded only among expansions that keep the user's intent."""
+    if "diversity" not in rewards:
+        return rewards
+    return rewards | {"diversity": np.where(rewards["faithfulness"] >= 1.0, rewards["diversity"], 0.0)}
+
+
 @dataclass
 class IntentRubricReward:
     """The rubric reward (training/rewards.py's interface) on the requirements the *short* prompt states:

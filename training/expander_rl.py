@@ -6,7 +6,7 @@ rewards behind a safety gate, each reward normalised in its group (training/expa
 
 Each iteration draws `rl_prompts` short prompts, samples `group_size` expansions of each at `temperature`
 (the rollout), has the DiT draw every expansion with the prompt's own noise (so a group's images differ only
-by their expansions), and scores them. The update is the GRPO token-level clipped surrogate with the
+by their expansions), and scores them; diversity counts only for expansions that keep every attribute. The update is the GRPO token-level clipped surrogate with the
 GDPO advantage of each sequence, plus `kl` x the k3 estimate of the KL to the frozen SFT model. A one-device
 loop like the SFT; every draw is a pure function of (seed, iteration), so a killed run resumes to the
 weights of an uninterrupted one.
@@ -32,6 +32,7 @@ from training.expander_model import collate, detokenize, load_lm, prompt_text
 from training.expander_rewards import (
     IntentRubricReward,
     diversity,
+    diversity_of_faithful,
     faithfulness,
     gate,
     gdpo_advantages,
@@ -283,6 +284,7 @@ def train_rl(
             r, mask = scorer.score(
                 prompts[i], texts, iteration_seed(ex.seed, it, f"noise{j}") % 2**31
             )
+            r = diversity_of_faithful(r)
             heads += [head] * G
             comps += cs
             blocked.append(mask)
