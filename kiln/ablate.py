@@ -65,9 +65,11 @@ class AblationPlan(BaseModel):
         return self.baseline or self.variants[0].name
 
     def runs(self) -> list[tuple[Variant, int, str, list[str]]]:
-        """(variant, seed, experiment name, overrides) of every run, baseline first."""
+        """(variant, seed, experiment name, overrides) of every run, baseline first. A seed is written with
+        `++` (set or add): a lean conf/ leaves a key at its schema default out, and Hydra refuses a plain
+        override of a key it does not have."""
         order = sorted(self.variants, key=lambda v: v.name != self.baseline_name)
-        return [(v, s, f"{self.name}-{v.name}-s{s}", [*self.base, *v.overrides, *(f"{k}={s}" for k in self.seed_keys)]) for v in order for s in self.seeds]
+        return [(v, s, f"{self.name}-{v.name}-s{s}", [*self.base, *v.overrides, *(f"++{k}={s}" for k in self.seed_keys)]) for v in order for s in self.seeds]
 
 
 class _UniqueKeyLoader(__import__("yaml").SafeLoader):

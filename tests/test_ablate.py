@@ -242,7 +242,7 @@ def test_the_stages_a_train_or_eval_override_changes_list_it_as_a_param():
     training = [k for k, st in stages.items() if st["cmd"].startswith("kiln train ")]
     assert training and "evaluation" in stages
     for key in training:
-        assert {"train", "model", "seed", "data.rewrite"} <= set(stages[key]["params"]), key
+        assert {"train", "model", "data.rewrite"} <= set(stages[key]["params"]), key
     assert {"train.eval", "train.sample", "metrics"} <= set(stages["evaluation"]["params"])
 
 
