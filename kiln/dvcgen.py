@@ -232,7 +232,7 @@ def present_params(keys: list[str], composed: dict) -> list[str]:
 
 def _present_key(key: str, composed: dict) -> str:
     """`key`, or its nearest section that params.yaml has: DVC refuses a stage whose param is missing, and a
-    section conf/ leaves to the schema's defaults (data.ingest) is pinned by the code (kiln/config.py, a dep)
+    section conf/ leaves to the schema's defaults (data.ingest) is pinned by the code (kiln/config/, a dep)
     until conf/ or `-S +data.ingest.x=...` sets it under a section that is there."""
     parts, node = key.split("."), composed
     for i, part in enumerate(parts):

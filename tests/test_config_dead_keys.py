@@ -1,5 +1,5 @@
 """Every key of the schema is read by some code: a setting nothing reads is a promise the pipeline does not keep
-(KilnConfig.seed was one). Walked statically: a field counts as read where the product code (kiln/config.py's
+(KilnConfig.seed was one). Walked statically: a field counts as read where the product code (kiln/config/'s
 own validators and checks included) names it as an attribute (`.name`), a string key (`"name"`) or a keyword
 (`name=`). Coarse for common names (seed, steps), exact for the specific ones a dead key usually has."""
 
@@ -34,12 +34,12 @@ def _types(annotation) -> list:
 
 
 def product_code(root: Path = REPO_ROOT) -> str:
-    """The product's source, with kiln/config.py's field declarations left out (a declaration is not a read)."""
+    """The product's source, with the schema's field declarations (kiln/config/) left out: a declaration is not a read."""
     parts = []
     for package in PRODUCT:
         for path in sorted((root / package).rglob("*.py")):
             text = path.read_text()
-            if path == root / "kiln" / "config.py":
+            if path.parent == root / "kiln" / "config":
                 text = "\n".join(line for line in text.splitlines() if not re.match(r"\s+\w+: .+ = |\s+\w+: [\w\[\], |]+$", line))
             parts.append(text)
     return "\n".join(parts)

@@ -1,4 +1,4 @@
-"""conf/ holds only what differs: every key a conf file sets is a schema key (kiln/config.py), and none restates
+"""conf/ holds only what differs: every key a conf file sets is a schema key (kiln/config/), and none restates
 the value it would have anyway (the schema default, or what the file's Hydra base already sets). A profile then
 reads as its differences from the real-data defaults, and a default changed in the schema reaches every profile."""
 

@@ -56,7 +56,7 @@ def test_each_dvc_stage_depends_on_its_code_its_config_files_and_its_params():
 
     stages = yaml.safe_load(render()[0])["stages"]
     assert "data/raw/truth.parquet" in stages["captioned"]["deps"]  # the demo's captioner reads the ground truth
-    assert {"assets/filters.py", "assets/decode.py", "kiln/config.py"} <= set(stages["filtered"]["deps"])
+    assert {"assets/filters.py", "assets/decode.py", "kiln/config/data.py"} <= set(stages["filtered"]["deps"])
     assert stages["filtered"]["params"] == ["data.filters"]
     evaluation = stages["evaluation"]["params"]  # each key, or a section above it: `-S train.eval.steps=5` reruns it
     assert all(any(k == p or k.startswith(p + ".") for p in evaluation) for k in ("train.eval", "train.sample"))
@@ -81,7 +81,7 @@ def test_a_code_version_moves_with_the_config_sections_of_its_step_and_no_other(
 
 def test_a_stage_is_versioned_by_the_code_it_runs():
     files = stage_code_files("filter")
-    assert {"assets/filters.py", "assets/decode.py", "assets/hashes.py", "kiln/config.py"} <= set(files)
+    assert {"assets/filters.py", "assets/decode.py", "assets/hashes.py", "kiln/config/data.py"} <= set(files)
     assert "assets/dedup.py" not in files
 
 

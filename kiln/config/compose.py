@@ -1,0 +1,186 @@
+"""Hydra composes `conf/`; pydantic validates the result, and every error names the key and the file or override
+it came from. `load_config` is the one way to get a config."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from kiln.config.data import STAND_INS, DataConfig
+from kiln.config.schema import KilnConfig
+from kiln.paths import CONF_DIR
+
+
+class ConfigError(ValueError):
+    """A config that does not validate; the message names each bad key and where it came from."""
+
+
+GROUPS = ("data", "model", "train", "cluster", "metrics", "ladder", "post", "expander")
+
+
+def conf_dir() -> Path:
+    return Path(os.environ.get("KILN_CONF", CONF_DIR))
+
+
+def _hydra_compose(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(conf_dir().resolve())):
+        return compose("config", overrides=overrides, return_hydra_config=True)
+
+
+def _add_missing_keys(overrides: list[str]) -> list[str]:
+    """`train.parallel.tp=2` where the YAML never wrote `train.parallel` is still a key of the config (a
+    pydantic default): Hydra only overrides keys it has, so such overrides become add-or-override
+    (`++key=value`, which a second override of the same key may follow). A key that is not in the schema
+    either is added too, and validation then names it as unknown."""
+    from omegaconf import OmegaConf
+
+    groups = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in GROUPS]
+    base = _hydra_compose(groups)
+    missing = object()
+    out = []
+    for o in overrides:
+        key = o.split("=", 1)[0]
+        if "=" in o and not key.startswith(("+", "~")) and key not in GROUPS and OmegaConf.select(base, key, default=missing) is missing:
+            o = "++" + o
+        out.append(o)
+    return out
+
+
+def compose_raw(overrides: list[str] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """Compose with Hydra; return the plain dict and the chosen option of each group."""
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    overrides = list(overrides or [])
+    try:
+        try:
+            cfg = _hydra_compose(overrides)
+        except HydraException as e:
+            if "Could not override" not in str(e):
+                raise
+            cfg = _hydra_compose(_add_missing_keys(overrides))
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(f"cannot compose config from {conf_dir()} with overrides {overrides}: {e}") from e
+    choices = {k: str(v) for k, v in cfg.hydra.runtime.choices.items() if k in GROUPS}
+    with open_dict(cfg):
+        del cfg["hydra"]  # its sweep interpolations only resolve inside a Hydra app
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(raw, dict)
+    return raw, choices
+
+
+def _source_of(loc: tuple[Any, ...], choices: dict[str, str], overrides: list[str]) -> str:
+    dotted = ".".join(str(p) for p in loc)
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key in GROUPS:  # `data=web` picks a file; the file is where the key came from
+            continue
+        if dotted == key or dotted.startswith(key + ".") or key.startswith(dotted + "."):
+            return f"override '{o}'"
+    group = str(loc[0]) if loc else ""
+    if group in choices:
+        return str(conf_dir() / group / f"{choices[group]}.yaml")
+    return str(conf_dir() / "config.yaml")
+
+
+def _missing_path(path: str | None) -> str | None:
+    """Why a model path cannot be used, or None: unset, or a local folder that is not there."""
+    if not path:
+        return "is not set"
+    if "://" not in path and not Path(path).exists():
+        return f"{path} does not exist"
+    return None
+
+
+def _stand_in(key: str, choice: str, stand_in: str, real: str, used: list[str]) -> tuple[str, str] | None:
+    if stand_in in used:
+        return None
+    return key, f"{choice} is an offline stand-in ({STAND_INS[stand_in]}); use {real}, or name it in data.stand_ins: [{stand_in}]"
+
+
+def model_problems(data: DataConfig) -> list[tuple[str, str]]:
+    """(key, problem) for each model stage whose model is missing, or that uses a stand-in not named as one.
+
+    Checked when a config is loaded, so a real profile fails before any work rather than hours into a run."""
+    used, out = data.stand_ins, []
+    if data.source is None or data.source == []:
+        out.append(("data.source", "no source set: `demo`, or uris of folders, prefixes (s3:// gs:// https:// file://), .tar shards, .txt or .parquet lists"))
+    cap = data.caption
+    if cap.captioner == "scene_metadata":
+        out.append(_stand_in("data.caption.captioner", "scene_metadata", "scene_metadata_captioner", "captioner=vlm with data.caption.vlm_path, or captioner=source", used))
+    elif cap.captioner == "vlm" and (why := _missing_path(cap.vlm_path)):
+        out.append(("data.caption.vlm_path", f"the VLM captioner's model folder {why}"))
+    if data.embed.embedder == "classical":
+        out.append(_stand_in("data.embed.embedder", "classical", "classical_embedder", "embedder=hf with data.embed.path (a SigLIP-2 / DINOv3 class folder)", used))
+    elif why := _missing_path(data.embed.path):
+        out.append(("data.embed.path", f"the embedder's model folder {why}"))
+    if data.rewrite.rewriter == "rules":
+        out.append(_stand_in("data.rewrite.rewriter", "rules", "rules_rewriter", "rewriter=llm with data.rewrite.llm_path", used))
+    elif why := _missing_path(data.rewrite.llm_path):
+        out.append(("data.rewrite.llm_path", f"the LLM rewriter's model folder {why}"))
+    if (data.user_prompts.writer or data.rewrite.rewriter) == "rules":
+        out.append(_stand_in("data.user_prompts.writer", "rules", "rules_rewriter", "writer=llm with data.user_prompts.llm_path", used))
+    elif why := _missing_path(data.user_prompts.llm_path or data.rewrite.llm_path):
+        out.append(("data.user_prompts.llm_path", f"the user-prompt writer's LLM folder {why} (nor is data.rewrite.llm_path)"))
+    for i, head in enumerate(data.classify.heads):
+        if head.labeller == "rules":
+            out.append(_stand_in(f"data.classify.heads.{i}.labeller", f"rules (head {head.name})", "rules_labeller", "labeller=vlm with a vlm.vlm_path", used))
+        elif head.vlm is not None and (why := _missing_path(head.vlm.vlm_path)):
+            out.append((f"data.classify.heads.{i}.vlm.vlm_path", f"head {head.name}'s VLM folder {why}"))
+    if data.clustering.namer == "vlm" and (why := _missing_path(data.clustering.namer_vlm_path)):
+        out.append(("data.clustering.namer_vlm_path", f"the cluster namer's VLM folder {why}"))
+    return [p for p in out if p is not None]
+
+
+def error_keys(err: Any) -> tuple[str, ...]:
+    """The keys a PairError names (relative to its model), or () for any other error."""
+    return getattr((err.get("ctx") or {}).get("error"), "keys", ())
+
+
+def validate(raw: dict[str, Any], choices: dict[str, str] | None = None, overrides: list[str] | None = None) -> KilnConfig:
+    def line(loc: tuple, what: str, keys: tuple[str, ...] = ()) -> str:
+        where = [loc + tuple(k.split(".")) for k in keys] or [loc]  # a PairError: where each of its keys came from
+        sources = ", ".join(dict.fromkeys(_source_of(w, choices or {}, overrides or []) for w in where))
+        return f"  {'.'.join(str(p) for p in loc)}: {what} (from {sources})"
+
+    try:
+        cfg = KilnConfig.model_validate(raw)
+    except ValidationError as e:
+        lines = [line(tuple(err["loc"]), "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, "), error_keys(err)) for err in e.errors()]
+        raise ConfigError("invalid kiln config:\n" + "\n".join(lines)) from None
+    problems = model_problems(cfg.data)
+    if cfg.post.judge == "vlm" and (why := _missing_path(cfg.post.judge_vlm_path)):  # the evaluation's prompt following asks it
+        problems.append(("post.judge_vlm_path", f"the rubric judge's VLM folder {why} (post=demo judges demo drawings with the pixel checker)"))
+    if problems:
+        profile = (choices or {}).get("data", "?")
+        lines = [line(tuple(key.split(".")), what) for key, what in problems]
+        raise ConfigError(f"the data profile `{profile}` cannot run:\n" + "\n".join(lines))
+    return cfg
+
+
+def stage_overrides() -> list[str]:
+    """The overrides params.yaml carries beyond conf/, in a stage of a DVC experiment; [] elsewhere."""
+    from kiln.dvc_params import diff_overrides, experiment_params
+
+    params = experiment_params()
+    return [] if params is None else diff_overrides(compose_raw([])[0], params)
+
+
+def load_config(overrides: list[str] | None = None) -> KilnConfig:
+    """The one way to get a config: compose `conf/` with overrides, then validate. Inside a DVC stage, what
+    `dvc exp run -S` composed into params.yaml comes last (kiln.dvc_params)."""
+    overrides = [*(overrides or []), *stage_overrides()]
+    raw, choices = compose_raw(overrides)
+    return validate(raw, choices, overrides)
+
+
+def to_yaml(cfg: KilnConfig) -> str:
+    import yaml
+
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
