@@ -118,7 +118,9 @@ def test_float8_converts_only_the_large_linears_inside_the_dit_blocks(text_encod
 
 
 # ----------------------------------------------------------------- checkpointing and compile equality
-def _steps(te_dir: str, parallel: dict, steps: int = 3) -> tuple[list[float], dict]:
+def _steps(te_dir: str, parallel: dict, steps: int = 3, rows: slice = slice(None), dp_size: int = 1, prepare=None) -> tuple[list[float], dict]:
+    """`steps` optimiser steps of a perturbed micro Generator on fixed batches of 4: the losses and the final
+    weights. `prepare(gen)` shards it; then `rows` are this rank's share of `dp_size`."""
     from kiln.config import TrainConfig
     from model.testing import micro_model_config
     from model.text_encoder import TextBatch
@@ -134,6 +136,8 @@ def _steps(te_dir: str, parallel: dict, steps: int = 3) -> tuple[list[float], di
         for p in gen.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=g))
     parallelize(gen, None, tc.parallel, "cpu")
+    if prepare is not None:
+        prepare(gen)
     opt = make_optimizer(gen, tc)
     losses = []
     for step in range(steps):
@@ -144,7 +148,7 @@ def _steps(te_dir: str, parallel: dict, steps: int = 3) -> tuple[list[float], di
         text = TextBatch(torch.randn(4, 3, 16, 32, generator=g), mask)
         null = TextBatch(torch.zeros(4, 3, 16, 32), torch.ones(4, 16, dtype=torch.bool))
         cpu = Runtime(torch.device("cpu"), None)
-        losses.append(train_step(Learner(gen, opt, tc, cpu), StepBatch(x0, text, null), step_generator(0, step), 1e-2, 1.0).loss)
+        losses.append(train_step(Learner(gen, opt, tc, cpu, dp_size), StepBatch(x0, text, null), step_generator(0, step), 1e-2, 1.0, rows).loss)
     return losses, {k: v.detach().clone() for k, v in gen.state_dict().items()}
 
 
@@ -235,6 +239,45 @@ def test_per_rank_times_are_gathered_and_the_injected_straggler_flagged_with_the
     torch.multiprocessing.spawn(_rank, args=(3, _free_port(), delays, str(out)), nprocs=3, join=True)
     got = json.loads(out.read_text())
     assert got == {"seconds": delays, "stragglers": [2], "timeout_s": 42.0}
+
+
+# ----------------------------------------------------------------------------- bf16 under FSDP2
+def _bf16_rank(rank: int, world: int, port: int, te_dir: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from training.parallel import apply_fsdp, build_mesh
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    report = {}
+    for bf16 in (False, True):
+        compute = set()
+
+        def shard(gen, bf16=bf16):
+            for block in gen.dit.blocks:  # the dtype each block computes with, seen from inside its forward
+                block.attn.qkvg.register_forward_hook(lambda m, a, o: compute.add(str(m.weight.dtype)))
+            apply_fsdp(gen, build_mesh(world, 1, "cpu")["dp_shard"], "cpu", bf16=bf16)
+
+        losses, weights = _steps(te_dir, {}, rows=slice(2 * rank, 2 * rank + 2), dp_size=world, prepare=shard)
+        master = {str(v.dtype) for v in weights.values() if v.is_floating_point()}
+        report["bf16" if bf16 else "fp32"] = {"losses": losses, "compute": sorted(compute), "master": sorted(master)}
+    if rank == 0:
+        Path(out).write_text(json.dumps(report))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp2_bf16_mixed_precision_computes_in_bf16_and_keeps_fp32_master_weights(text_encoder_dir, tmp_path):
+    """The GPU policy, run on CPU through gloo: bf16 parameters inside each block's forward, fp32 reduction,
+    fp32 sharded master weights; the losses follow the fp32 run within bf16's precision."""
+    out = tmp_path / "bf16.json"
+    torch.multiprocessing.spawn(_bf16_rank, args=(2, _free_port(), str(text_encoder_dir), str(out)), nprocs=2, join=True)
+    got = json.loads(out.read_text())
+    assert got["fp32"]["compute"] == ["torch.float32"] and got["bf16"]["compute"] == ["torch.bfloat16"]
+    assert got["fp32"]["master"] == got["bf16"]["master"] == ["torch.float32"]
+    assert got["bf16"]["losses"] != got["fp32"]["losses"]  # it did compute in bf16
+    assert got["bf16"]["losses"] == pytest.approx(got["fp32"]["losses"], rel=2e-2)
 
 
 # ----------------------------------------------------------------------------- hang diagnostics

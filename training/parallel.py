@@ -252,19 +252,22 @@ def apply_float8(model: nn.Module, cfg: ParallelConfig, device_type: str) -> int
 
 
 # ---------------------------------------------------------------------------------------------- FSDP
-def mixed_precision(device_type: str):
-    """bf16 compute parameters with fp32 gradient reduction on GPU; fp32 on CPU. Master weights stay fp32."""
+def mixed_precision(bf16: bool):
+    """bf16: bf16 compute parameters (all-gathered in bf16) with fp32 gradient reduction; the sharded master
+    weights and the optimiser stay fp32. Else fp32 throughout."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    if device_type == "cuda":
+    if bf16:
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     return MixedPrecisionPolicy()
 
 
-def apply_fsdp(model: nn.Module, dp_mesh, device_type: str) -> None:
+def apply_fsdp(model: nn.Module, dp_mesh, device_type: str, bf16: bool | None = None) -> None:
+    """FSDP2 per block, then the root. `bf16` (default: on CUDA) is the mixed-precision policy; CPU runs fp32,
+    the bf16 policy runs on CPU too (gloo), which is how tests/test_gpu_paths.py checks it."""
     from torch.distributed.fsdp import fully_shard
 
-    mp = mixed_precision(device_type)
+    mp = mixed_precision(device_type == "cuda" if bf16 is None else bf16)
     blocks = list(model.text_fusion.refiner) + list(model.dit.blocks)
     for i, block in enumerate(blocks):
         # the last block's parameters are needed at once by backward: keeping them unsharded saves an all-gather
