@@ -253,7 +253,7 @@ def _bf16_rank(rank: int, world: int, port: int, te_dir: str, out: str) -> None:
     for bf16 in (False, True):
         compute = set()
 
-        def shard(gen, bf16=bf16):
+        def shard(gen, bf16=bf16, compute=compute):
             for block in gen.dit.blocks:  # the dtype each block computes with, seen from inside its forward
                 block.attn.qkvg.register_forward_hook(lambda m, a, o: compute.add(str(m.weight.dtype)))
             apply_fsdp(gen, build_mesh(world, 1, "cpu")["dp_shard"], "cpu", bf16=bf16)
