@@ -17,6 +17,7 @@ from kiln.ladder import FINAL, rungs
 from kiln.lineage import (
     MAIN_CHAIN,
     Step,
+    asset_code_version,
     data_steps,
     default_config,
     output_hash,
@@ -119,7 +120,8 @@ def _train_on_slurm(context, data: Path, out: Path, cfg) -> dict:
     return {**report.metadata(), "log_tail": dg.MetadataValue.md(f"```\n{report.log_tail}\n```")}
 
 
-@dg.asset(deps=[FINAL], group_name="evaluation", kinds={"pytorch", "image"}, description="A grid of samples per demo prompt from the checkpoint.")
+@dg.asset(deps=[FINAL], group_name="evaluation", kinds={"pytorch", "image"}, description="A grid of samples per demo prompt from the checkpoint.",
+          code_version=asset_code_version(("training.sampling",), ("train.sample",)))
 def samples(kiln: KilnResource) -> dg.MaterializeResult:
     from training.sampling import sample_to_dir
 
@@ -131,7 +133,8 @@ def samples(kiln: KilnResource) -> dg.MaterializeResult:
 EVAL_SET = rungs(default_config())[0].train_set  # the first rung's train set: its held-out rows no rung trained on
 
 
-@dg.asset(deps=[FINAL, EVAL_SET], group_name="evaluation", kinds={"pytorch"}, description=f"Held-out flow loss on {EVAL_SET}'s held-out rows, prompt following vs an untrained model, throughput.")
+@dg.asset(deps=[FINAL, EVAL_SET], group_name="evaluation", kinds={"pytorch"}, description=f"Held-out flow loss on {EVAL_SET}'s held-out rows, prompt following vs an untrained model, throughput.",
+          code_version=asset_code_version(("training.evaluate",), ("train.eval", "train.sample", "metrics")))
 def evaluation(kiln: KilnResource) -> dg.MaterializeResult:
     from training.evaluate import evaluate
 
@@ -139,7 +142,8 @@ def evaluation(kiln: KilnResource) -> dg.MaterializeResult:
     return dg.MaterializeResult(metadata=evaluation_page(kiln.path("eval")))
 
 
-@dg.asset(deps=["rewritten"], group_name="captions", kinds={"duckdb"}, description="Concept coverage of the captions: per-concept counts, sampling weights that raise rare concepts, a plot.")
+@dg.asset(deps=["rewritten"], group_name="captions", kinds={"duckdb"}, description="Concept coverage of the captions: per-concept counts, sampling weights that raise rare concepts, a plot.",
+          code_version=asset_code_version(("assets.concepts",), ("data.concepts",)))
 def coverage(kiln: KilnResource) -> dg.MaterializeResult:
     from assets.concepts import write_coverage
 
@@ -148,11 +152,11 @@ def coverage(kiln: KilnResource) -> dg.MaterializeResult:
     md = {**flat_numbers(report), "path": dg.MetadataValue.path(str(out))}
     if (out / "coverage.png").exists():
         md["coverage_plot"] = dg.MetadataValue.md(markdown_image((out / "coverage.png").read_bytes(), "coverage"))
-    return dg.MaterializeResult(metadata=md)
+    return dg.MaterializeResult(metadata=md, data_version=dg.DataVersion(output_hash(out)))
 
 
 @dg.asset(
-    deps=["rewritten", "coverage"], group_name="captions", kinds={"duckdb", "parquet"},
+    deps=["rewritten", "coverage"], group_name="captions", kinds={"duckdb", "parquet"}, code_version=asset_code_version(("assets.mixes",), ("data.mixes",)),
     description="Pretraining, midtraining and SFT mixes as DuckDB queries over the pool, proportions recorded.",
 )
 def mixes(kiln: KilnResource) -> dg.MaterializeResult:
@@ -160,7 +164,7 @@ def mixes(kiln: KilnResource) -> dg.MaterializeResult:
 
     out = kiln.path("mixes")
     meta = write_mixes(kiln.path("rewritten"), out, kiln.config().data.mixes, kiln.path("coverage") / "weights.parquet")
-    return dg.MaterializeResult(metadata={"mixes": dg.MetadataValue.json(meta), "path": dg.MetadataValue.path(str(out))})
+    return dg.MaterializeResult(metadata={"mixes": dg.MetadataValue.json(meta), "path": dg.MetadataValue.path(str(out))}, data_version=dg.DataVersion(output_hash(out)))
 
 
 _main_steps = {s.key for s in data_steps() if s in MAIN_CHAIN or (s.rung and not s.rung.domain)}
@@ -172,7 +176,7 @@ BRANCH_ASSETS = [a for a in stage_assets if a.key.to_user_string() not in _main_
 
 
 @dg.asset(
-    deps=["manifest"], group_name="warehouse", kinds={"postgres", "duckdb"},
+    deps=["manifest"], group_name="warehouse", kinds={"postgres", "duckdb"}, code_version=asset_code_version(("assets.filters", "kiln.warehouse.cli"), ("data.filters",)),
     description="The filter stage over the warehouse queue: Postgres when KILN_PG_DSN is set (workers as a Slurm array "
     "on a Slurm profile), else the embedded DuckDB path.",
 )

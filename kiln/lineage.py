@@ -185,6 +185,20 @@ def step_code_version(s: Step, cfg=None) -> str:
     return code_version(stage_code_files(s.stage), params)
 
 
+def asset_code_version(modules: tuple[str, ...], sections: tuple[str, ...] = ()) -> str:
+    """The code version of an asset that is not a stage step (coverage, mixes, samples, evaluation): the code
+    files of its modules and the values of its config sections under the graph's profile."""
+    from kiln.config import ConfigError
+
+    files = tuple(sorted({f for m in modules for f in code_files(m)}))
+    try:
+        cfg = default_config()
+        params = {p: config_section(cfg, p) for p in sections}
+    except (ConfigError, AttributeError):  # no composable default here: the code alone versions it
+        params = {}
+    return code_version(files, params)
+
+
 def output_hash(folder: Path | str) -> str:
     """The content hash of a step's output folder, computed as DVC computes a directory's (dvc.lock's `md5`):
     md5 over the JSON list of {md5, relpath} of its files, sorted by path, plus `.dir`."""

@@ -1,5 +1,6 @@
 """`kiln run` runs the definitions' jobs and says one line per asset on the terminal: rows in, kept,
-rejected, seconds. Dagster's event stream stays in the run's event log (the UI), not on the terminal."""
+rejected, seconds. Dagster's event stream stays in the run's event log (the UI), not on the terminal.
+Every asset carries a code version, so the UI can say what a code or config edit made stale."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import re
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
 ASSETS = ["raw_images", "manifest", "filtered"]
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_kiln_run_prints_one_concise_line_per_asset_and_no_dagster_event_stream(tmp_path, monkeypatch, capfd):
     from dagster_project.run import materialize_all
 
@@ -34,3 +35,24 @@ def test_kiln_run_prints_one_concise_line_per_asset_and_no_dagster_event_stream(
     assert re.match(r"^kiln run: raw_images\s+40 objects listed\s+[\d.]+ s$", lines[0]), lines[0]
     events = [line for line in terminal if re.search(r"DEBUG|STEP_START|STEP_SUCCESS|ASSET_MATERIALIZATION|RUN_SUCCESS", line)]
     assert not events, events[:5]
+
+
+def test_every_asset_has_a_code_version():
+    from dagster_project.definitions import defs
+
+    graph = defs.resolve_asset_graph()
+    unversioned = [k.to_user_string() for k in graph.get_all_asset_keys() if graph.get(k).is_materializable and graph.get(k).code_version is None]
+    assert unversioned == []
+
+
+def test_an_asset_outside_the_stage_table_is_versioned_by_its_code_and_its_own_config_sections(monkeypatch):
+    import kiln.lineage as lineage
+    from kiln.config import load_config
+
+    def version(*overrides):
+        monkeypatch.setattr(lineage, "default_config", lambda: load_config(list(overrides)))
+        return lineage.asset_code_version(("assets.concepts",), ("data.concepts",))
+
+    base = version()
+    assert version("data.concepts.alpha=0.7") != base  # its own section
+    assert version("data.filters.min_side=40") == base  # another stage's
