@@ -27,6 +27,7 @@ from typing import Protocol
 
 import pyarrow as pa
 
+from assets.prompt_pairs import make_prompt
 from assets.rewrite import tag_list
 from kiln.config import KilnConfig, UserPromptConfig
 from kiln.reasons import Reason
@@ -252,48 +253,106 @@ def make_writer(cfg: KilnConfig) -> PromptWriter:
 
 
 # ---------------------------------------------------------------------------------------------- stage
+@dataclass(frozen=True)
+class Attempt:
+    """One user prompt to write for a pair: attempt 0 is the pair's own prompt, later ones redraw the drop."""
+
+    row: int
+    pair_prompt: str
+    dropped: list[str]
+    style: str
+    seed: int
+
+
+def attempt(
+    j: int, row: int, id_: str, pair: str, target: str, dropped: list[str], cfg: UserPromptConfig
+) -> Attempt:
+    """Attempt j of a row: j=0 the pair's prompt in the row's style (as with one prompt per pair); j>0 the
+    caption with its own drop (`variant_drop`, seeded by (seed, id, j)) in its own drawn style."""
+    key = id_ if j == 0 else f"{id_}:{j}"
+    if j > 0:
+        redrawn, gone = make_prompt(target, id_, cfg.variant_drop, cfg.seed + 7919 * j)
+        if redrawn and gone:
+            pair, dropped = redrawn, gone
+    return Attempt(
+        row,
+        pair,
+        dropped,
+        pick_style(cfg.styles, cfg.seed, key),
+        int(draw(cfg.seed, key, "template") * 2**31),
+    )
+
+
 def user_prompt_rows(
     table: pa.Table,
     writer: PromptWriter,
     cfg: UserPromptConfig,
     stage: str = "user_prompts",
 ) -> StageOutput:
-    """Pure core: one user prompt per pair, in a drawn style; a pair the writer leaves empty is rejected."""
+    """Pure core: `per_pair` distinct user prompts per pair (one row per pair, the prompts in its `prompts`
+    column), each in a drawn style. A row gets `per_pair` attempts, then 3 more per prompt still missing
+    (an empty or repeated one; none with per_pair=1); it is kept with the distinct prompts it got (at least
+    one) and rejected (`no_prompt`) when the writer left every attempt empty."""
     ids, prompts, targets, dropped_json = (
         table.column(c).to_pylist() for c in ("id", "prompt", "target", "dropped")
     )
     dropped = [json.loads(d) for d in dropped_json]
-    styles = [pick_style(cfg.styles, cfg.seed, i) for i in ids]
-    seeds = [int(draw(cfg.seed, i, "template") * 2**31) for i in ids]
-    written = writer.write(prompts, styles, targets, dropped, seeds)
+    k = cfg.per_pair
+    got: list[list[tuple[Attempt, Written, str]]] = [[] for _ in ids]
+    tried = [0] * len(ids)
+    for per_missing in (1, 3 if k > 1 else 0):  # k attempts, then 3 per prompt still missing
+        todo = [
+            attempt(j, i, ids[i], prompts[i], targets[i], dropped[i], cfg)
+            for i in range(len(ids))
+            for j in range(tried[i], tried[i] + per_missing * (k - len(got[i])))
+        ]
+        if not todo:
+            break
+        written = writer.write(
+            [a.pair_prompt for a in todo],
+            [a.style for a in todo],
+            [targets[a.row] for a in todo],
+            [a.dropped for a in todo],
+            [a.seed for a in todo],
+        )
+        for a, w in zip(todo, written):
+            tried[a.row] += 1
+            text = " ".join(w.prompt.split())
+            if text and len(got[a.row]) < k and text not in {t for _, _, t in got[a.row]}:
+                got[a.row].append((a, w, text))
     rejects, out = Rejects(stage), {n: [] for n in USER_PROMPTS.names}
-    for id_, pair, target, dj, style, w in zip(
-        ids, prompts, targets, dropped_json, styles, written
-    ):
-        text = " ".join(w.prompt.split())
-        if not text:
+    for i, (id_, pair, target, dj) in enumerate(zip(ids, prompts, targets, dropped_json)):
+        if not got[i]:
+            style = pick_style(cfg.styles, cfg.seed, id_)
             rejects.add(
                 id_,
                 "",
                 Reason.NO_PROMPT,
                 0.0,
-                f"the {writer.name} writer wrote no {style} prompt for {pair!r}",
+                f"the {writer.name} writer wrote no {style} prompt for {pair!r}"
+                + (f" in {tried[i]} attempts" if tried[i] > 1 else ""),
             )
             continue
+        first, w, text = got[i][0]
+        variants = [
+            {"prompt": t, "style": a.style, "pair_prompt": a.pair_prompt, "dropped": a.dropped, "decoding": v.decoding}
+            for a, v, t in got[i]
+        ]
         row = (
             id_,
             text,
-            style,
-            pair,
+            first.style,
+            first.pair_prompt,
             target,
-            dj,
+            json.dumps(first.dropped, ensure_ascii=False) if first.pair_prompt != pair else dj,
             writer.name,
             json.dumps(w.decoding, sort_keys=True),
             w.thinking,
             sampling_weight(target, cfg),
+            json.dumps(variants, ensure_ascii=False, sort_keys=True),
         )
-        for k, v in zip(USER_PROMPTS.names, row):
-            out[k].append(v)
+        for col, v in zip(USER_PROMPTS.names, row):
+            out[col].append(v)
     return StageOutput(pa.table(out, schema=USER_PROMPTS), rejects.table())
 
 

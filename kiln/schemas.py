@@ -167,6 +167,7 @@ class UserPromptRow(BaseModel):
     decoding: str  # JSON: model, instruction, generate() settings, seed of this row
     thinking: str | None  # an optional trace: what the request fixes and what the caption adds
     sampling_weight: float  # distribution shaping: richness and photographic bias (data.user_prompts)
+    prompts: str  # JSON list of every user prompt written for this pair ({prompt, style, pair_prompt, dropped, decoding}; data.user_prompts.per_pair); the first is `prompt`
 
 
 class ConceptCountRow(BaseModel):

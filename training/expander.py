@@ -1,6 +1,7 @@
 """Expander SFT: a causal LM fine-tuned on (user prompt -> long caption), the loss masked to the caption.
 
-    train_sft(pairs, out, cfg)   pairs: rows with prompt, target, sampling_weight (the user_prompts asset)
+    train_sft(pairs, out, cfg)   pairs: rows with prompt, target, sampling_weight, optionally prompts (the
+                                 user_prompts asset: one pair per user prompt of a row, sft_pairs)
     out/                         config.json, model.safetensors, tokenizer files: `from_pretrained(out)` works
     out/dcp/step-NNNNNN/         DCP checkpoints (training/dcp.py) every `expander.save_every` steps
     out/expander_sft_history.jsonl, out/expander.json
@@ -76,7 +77,20 @@ def read_pairs(folder: Path) -> list[dict]:
 
     folder = Path(folder)
     table = read_dataset(folder / "kept" if (folder / "kept").is_dir() else folder)
-    return table.select(["id", "prompt", "target", "sampling_weight"]).to_pylist()
+    cols = [c for c in ("id", "prompt", "target", "sampling_weight", "prompts") if c in table.column_names]
+    return table.select(cols).to_pylist()
+
+
+def sft_pairs(rows: list[dict]) -> list[dict]:
+    """One (user prompt, caption) pair per user prompt of each row: a row written with several prompts
+    (`prompts`, data.user_prompts.per_pair) gives one pair each, splitting the row's sampling weight so a
+    caption weighs the same however many prompts it got; a row without `prompts` is one pair."""
+    out = []
+    for r in rows:
+        variants = json.loads(r["prompts"]) if r.get("prompts") else [{"prompt": r["prompt"]}]
+        w = float(r["sampling_weight"]) / len(variants)
+        out += [{"id": r.get("id"), "prompt": v["prompt"], "target": r["target"], "sampling_weight": w} for v in variants]
+    return out
 
 
 def base_folder(pairs: list[dict], out: Path, cfg: ExpanderConfig) -> Path:
@@ -124,6 +138,7 @@ def train_sft(
     )  # SFT reads no extractor
     if not pairs:
         raise ValueError("expander SFT: no pairs (the user_prompts asset kept no rows)")
+    pairs = sft_pairs(pairs)
     out.mkdir(parents=True, exist_ok=True)
     base = base_folder(pairs, out, ex)
     torch.manual_seed(ex.seed)

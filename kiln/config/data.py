@@ -343,6 +343,8 @@ class UserPromptConfig(Strict):
     richness_weight: float = Field(1.0, ge=0, le=100, description="sampling weight x (1 + this x richness): oversample visually rich captions")
     richness_cap: int = Field(12, ge=1, le=10000, description="content words of a target at which richness reaches 1")
     photo_bias: float = Field(0.2, ge=0, le=100, description="sampling weight x (1 + this) for photographic targets")
+    per_pair: int = Field(1, ge=1, le=8, description="user prompts written per pair, each its own drop of the caption's details and its own style; the SFT trains on every one")
+    variant_drop: float = Field(0.5, ge=0, le=1, description="per_pair > 1: chance of dropping each detail of the caption in the extra prompts (as data.rewrite.pair_drop)")
     seed: Seed = 0
 
     @model_validator(mode="after")
