@@ -111,7 +111,8 @@ def test_a_pair_the_writer_leaves_empty_is_rejected_with_a_reason_and_nothing_is
     out = user_prompt_rows(
         pairs_table(rows),
         RulePromptWriter(),
-        config("data.user_prompts.styles={terse: 1.0}"),
+        # one prompt per pair: with more, e's caption would be dropped anew and give a prompt
+        config("data.user_prompts.styles={terse: 1.0}", "data.user_prompts.per_pair=1"),
     )
     assert sorted(
         out.kept.column("id").to_pylist() + out.rejected.column("id").to_pylist()

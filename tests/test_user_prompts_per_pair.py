@@ -53,7 +53,7 @@ def test_each_pair_gets_k_distinct_prompts_each_with_its_style_in_one_row():
 
 
 def test_one_prompt_per_pair_is_the_row_itself():
-    out = user_prompt_rows(pairs_table(), RulePromptWriter(), config()).kept.to_pylist()
+    out = user_prompt_rows(pairs_table(), RulePromptWriter(), config("data.user_prompts.per_pair=1")).kept.to_pylist()
     for row in out:
         assert [v["prompt"] for v in json.loads(row["prompts"])] == [row["prompt"]]
 
