@@ -222,14 +222,15 @@ def test_an_unknown_target_stage_is_refused(bare_repo, tmp_path):
         check_plan(load_plan(_plan(tmp_path, target="evaluate")), bare_repo)
 
 
-def test_the_demo_plan_is_a_valid_plan_for_this_repo():
+def test_the_demo_plan_is_a_valid_plan_for_this_repo(bare_repo):
     """conf/ablate/demo.yaml: long vs short captions and fp32 vs bf16-stored weights, each variant's config
     accepted by DVC's composition and by kiln, against the repo's own dvc.yaml."""
     from kiln.ablate import check_plan, load_plan
     from kiln.config import load_config
 
+    shutil.copy(REPO_ROOT / "dvc.yaml", bare_repo / "dvc.yaml")  # a copy: opening the repo itself writes DVC's .dvc/tmp there
     plan = load_plan(REPO_ROOT / "conf" / "ablate" / "demo.yaml")
-    check_plan(plan, REPO_ROOT)
+    check_plan(plan, bare_repo)
     cfgs = {v.name: load_config([*plan.base, *v.overrides]) for v in plan.variants}
     assert cfgs["long_captions"].data.rewrite.form_probs["long"] == 1.0 and cfgs["short_captions"].data.rewrite.form_probs["short"] == 1.0
     assert (cfgs["long_captions"].train.optim.weights, cfgs["bf16_weights"].train.optim.weights) == ("fp32", "bf16")

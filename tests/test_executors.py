@@ -39,6 +39,7 @@ def test_the_profile_picks_the_executor():
 @pytest.mark.parametrize("stage", ["filter", "dedup"])
 def test_inprocess_pool_and_embedded_queue_give_the_same_rows(manifest, tmp_path, monkeypatch, stage):
     monkeypatch.delenv("KILN_PG_DSN", raising=False)
+    monkeypatch.setenv("KILN_DATA", str(tmp_path / "data"))  # the embedded queue's warehouse, not the checkout's data/
     source = manifest / "manifest"
     if stage == "dedup":
         execute("filter", source, tmp_path / "src", load_config(["cluster.executor=inprocess"]))

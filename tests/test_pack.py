@@ -138,7 +138,7 @@ def test_weights_come_from_the_weights_file_by_id_and_a_row_it_misses_gets_one(i
     ids = sorted(table.column("id").to_pylist())
     named = {ids[0]: 3.0, ids[1]: 0.0, ids[2]: 0.25, "not-in-the-pool": 9.0}
     write_table(pa.table({"id": list(named), "concepts": ["[]"] * len(named), "sampling_weight": list(named.values())}), tmp_path / "weights.parquet")
-    cfg = load_config(["data.pack.batch_size=4", f"data.pack.weights_file={tmp_path / 'weights.parquet'}"])
+    cfg = load_config(["data.pack.batch_size=1", f"data.pack.weights_file={tmp_path / 'weights.parquet'}"])  # no remainder: every row kept
 
     kept = pack_rows(table, cfg).kept
     got = dict(zip(kept.column("id").to_pylist(), kept.column("sampling_weight").to_pylist()))
