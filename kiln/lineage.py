@@ -199,9 +199,14 @@ def asset_code_version(modules: tuple[str, ...], sections: tuple[str, ...] = ())
     return code_version(files, params)
 
 
+VOLATILE_FILES = ("metrics.jsonl", "throughput.json")  # wall-clock records: on disk, outside every content hash (.dvcignore)
+
+
 def output_hash(folder: Path | str) -> str:
     """The content hash of a step's output folder, computed as DVC computes a directory's (dvc.lock's `md5`):
-    md5 over the JSON list of {md5, relpath} of its files, sorted by path, plus `.dir`."""
+    md5 over the JSON list of {md5, relpath} of its files, sorted by path, plus `.dir`. The wall-clock
+    records (VOLATILE_FILES) are left out, as .dvcignore leaves them out of DVC's, so a rerun of the same
+    data and config has the same hash."""
     import json
     import os
 
@@ -209,6 +214,8 @@ def output_hash(folder: Path | str) -> str:
     entries = []
     for root, _, files in os.walk(folder):
         for f in files:
+            if f in VOLATILE_FILES:
+                continue
             p = Path(root) / f
             entries.append({"md5": hashlib.md5(p.read_bytes()).hexdigest(), "relpath": p.relative_to(folder).as_posix()})
     entries.sort(key=lambda e: e["relpath"])

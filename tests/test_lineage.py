@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import dagster as dg
 import pytest
 
@@ -10,7 +13,17 @@ from dagster_project.definitions import defs
 from kiln.config import load_config
 from kiln.dvcgen import render, write_dvc_files
 from kiln.ladder import rungs
-from kiln.lineage import MAIN_CHAIN, data_steps, ladder_steps, output_hash, stage_code_files, step_code_version
+from kiln.lineage import (
+    MAIN_CHAIN,
+    VOLATILE_FILES,
+    data_steps,
+    ladder_steps,
+    output_hash,
+    stage_code_files,
+    step_code_version,
+)
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_the_asset_graph_is_one_connected_chain_from_raw_images_to_the_evaluation():
@@ -97,6 +110,23 @@ def test_the_output_hash_is_the_one_dvc_records(tmp_path):
     odb = HashFileDB(fs, str(tmp_path / "cache"))
     _, _, obj = build(odb, str(tmp_path / "out"), fs, "md5")
     assert output_hash(tmp_path / "out") == obj.hash_info.value
+
+
+def test_dvc_and_the_output_hash_leave_out_the_same_wall_clock_records(tmp_path):
+    from dvc.ignore import DvcIgnoreFilter
+    from dvc_objects.fs.local import LocalFileSystem
+
+    shutil.copyfile(REPO / ".dvcignore", tmp_path / ".dvcignore")
+    run = tmp_path / "data" / "checkpoint_sft"
+    (run / "dcp").mkdir(parents=True)
+    (run / "model.safetensors").write_bytes(b"weights")
+    before = output_hash(run)
+    for name in VOLATILE_FILES:
+        (run / name).write_text("seconds that differ on every run\n")
+    assert output_hash(run) == before
+    ignored = DvcIgnoreFilter(LocalFileSystem(), str(tmp_path))
+    assert all(ignored.is_ignored_file(str(run / name)) for name in VOLATILE_FILES)
+    assert not ignored.is_ignored_file(str(run / "model.safetensors"))
 
 
 @pytest.mark.integration

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from kiln.lineage import output_hash
 from model.generator import Generator
 from model.testing import write_tiny_text_encoder
 from training.checkpoint import read_train_state
@@ -73,6 +74,9 @@ def test_same_data_and_config_give_the_same_loss_trajectory_and_bytes(setup, run
     assert [r["loss"] for r in read_metrics(run_b / "metrics.jsonl")] == [r["loss"] for r in read_metrics(run_a / "metrics.jsonl")]
     for name in ("model.safetensors", "train_state.json", "train_data.json", "config.json", "loss.csv", "spikes.json"):
         assert (run_b / name).read_bytes() == (run_a / name).read_bytes(), name
+    # every byte but the wall-clock records, the resumable DCP state included: what lets dvc.lock pin a training stage
+    assert (run_b / "dcp" / f"step-{STEPS:06d}" / ".metadata").read_bytes() == (run_a / "dcp" / f"step-{STEPS:06d}" / ".metadata").read_bytes()
+    assert output_hash(run_b) == output_hash(run_a)
 
 
 def test_another_seed_gives_another_run(setup, run_a):

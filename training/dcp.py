@@ -35,6 +35,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from kiln.progress import log
@@ -139,6 +141,23 @@ def verify_step(path: Path, key: bytes, trust_unsigned: bool = False, rank: int 
     verify_files(path, {"files": {n: files[n] for n in names[rank::world]}})
 
 
+class StepWriter(FileSystemWriter):
+    """DCP's file writer whose `.metadata` names the step alone. DCP's own records a random save id and the
+    folder's path there, so two runs of one config wrote different bytes and DVC could not pin a training
+    stage (docs/dvc.md); the rank files never differed."""
+
+    def __init__(self, path: Path):
+        super().__init__(str(path))
+        self._name = Path(path).name
+
+    def reset(self, checkpoint_id=None) -> None:
+        super().reset(checkpoint_id)
+        self.save_id = self._name
+
+    def storage_meta(self) -> StorageMeta:
+        return StorageMeta(checkpoint_id=self._name, save_id=self._name)
+
+
 class Checkpointer:
     """Saves step checkpoints (async when configured), keeps the last `keep`, loads the newest good one.
 
@@ -176,11 +195,11 @@ class Checkpointer:
             shutil.rmtree(path)  # peers write only after rank 0 has planned (and made the folder again)
         state = _state(model, opt, run, self.aux)
         if self.async_save:
-            future = dcp.async_save(state, checkpoint_id=str(path), process_group=self._cpu_group(), no_dist=not dist.is_initialized())
+            future = dcp.async_save(state, checkpoint_id=str(path), storage_writer=StepWriter(path), process_group=self._cpu_group(), no_dist=not dist.is_initialized())
             self._thread = threading.Thread(target=self._complete_when_written, args=(future, path, run), name=f"kiln-dcp-{run.step}", daemon=True)
             self._thread.start()
         else:
-            dcp.save(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+            dcp.save(state, checkpoint_id=str(path), storage_writer=StepWriter(path), no_dist=not dist.is_initialized())
             self._complete(path, run)
         return path
 

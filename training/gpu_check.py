@@ -35,6 +35,7 @@ from pathlib import Path
 
 FIT_SIZES = ("small", "prx_1b", "krea2_12b")  # ascending; the first that does not fit ends the search
 ADAMW_BYTES_PER_PARAM = 16  # fp32 weight + grad + AdamW's two moments
+PARALLEL_CAP_S, FLOAT8_RUN_CAP_S = 200.0, 110.0  # a hung or slow compile fails its section, not the whole check
 
 
 def environment() -> dict:
@@ -162,7 +163,7 @@ def parallel_section(ctx: dict) -> dict:
         parallel = {"tp": tp, "sequence_parallel": tp > 1, "compile": True, "activation_checkpointing": "selective"}
     cfg = run_config(ctx["te"], size, ctx["device"], px, steps, batch, parallel, ctx["dry_run"])
     data = write_train_set(ctx["work"] / "parallel_data", px, batch * 2, batch)
-    result = torchrun(cfg, data, ctx["work"] / "parallel_run", nproc, ctx["left"]())
+    result = torchrun(cfg, data, ctx["work"] / "parallel_run", nproc, min(ctx["left"](), PARALLEL_CAP_S))
     return {"status": "ok", "size": size, "px": px, "processes": nproc, "parallel": parallel, "global_batch": batch, "steps": steps} | result
 
 
@@ -183,7 +184,7 @@ def float8_section(ctx: dict) -> dict:
     data = write_train_set(ctx["work"] / "float8_data", px, batch * 2, batch)
     runs = {}
     for name, parallel in (("bf16", {"compile": True}), ("float8", on)):
-        runs[name] = torchrun(run_config(ctx["te"], size, "cuda", px, steps, batch, parallel, False), data, ctx["work"] / f"float8_{name}", 1, ctx["left"]())
+        runs[name] = torchrun(run_config(ctx["te"], size, "cuda", px, steps, batch, parallel, False), data, ctx["work"] / f"float8_{name}", 1, min(ctx["left"](), FLOAT8_RUN_CAP_S))
     speedup = runs["float8"]["throughput"]["tokens_per_s"] / max(runs["bf16"]["throughput"]["tokens_per_s"], 1e-9)
     return {"status": "ok", "size": size, "px": px, "batch": batch, "steps": steps, "tokens_per_s_speedup": round(speedup, 3)} | runs
 
