@@ -258,6 +258,21 @@ def test_non_finite_weights_are_never_exported_even_when_every_step_may_be_skipp
     assert not (out / "model.safetensors").exists() and complete_checkpoints(out) == []
 
 
+def test_post_training_never_exports_non_finite_weights_either(tmp_path, whole, text_encoder_dir):
+    """DPO, GRPO, style training and distillation export through one runner: a policy whose weights went
+    NaN (a diverged step the loop's own grad-norm checks missed) stops there, and no model.safetensors is
+    written for the next stage to read."""
+    from training.posttrain_run import open_run
+
+    out = tmp_path / "grpo"
+    with pytest.raises(NonFiniteTraining, match=r"grpo: the policy's weights hold NaN or inf: nothing exported"):
+        with open_run("grpo", whole, out, _cfg(text_encoder_dir), resume=False, lr=1e-4, step_key="iteration") as run:
+            with torch.no_grad():
+                next(run.policy.parameters()).fill_(float("nan"))
+            run.export(whole, {"iterations": 1})
+    assert not (out / "model.safetensors").exists() and not (out / "checksums.json").exists()
+
+
 def test_a_step_with_a_non_finite_loss_applies_no_update(text_encoder_dir):
     from training.data import TrainSet
     from training.muon import make_optimizer

@@ -1,4 +1,9 @@
-"""The DVC door: on a fresh copy of the repo, `dvc repro` rebuilds the data stages byte for byte as dvc.lock pins them."""
+"""The DVC door: on a fresh copy of the repo, `dvc repro` rebuilds the stages byte for byte as dvc.lock pins
+them, the first training stage included, and leaves dvc.lock as committed (git stays clean).
+
+dvc.lock pins every stage; CI reproduces through `checkpoint_pretrain` (the data stages and the 560-step
+pretraining, about five minutes on 2 cores); the later stages repeat the same mechanisms (the trainer, DCP,
+sampling) and were pinned by a full `dvc repro` on a fresh clone (README, "DVC")."""
 
 from __future__ import annotations
 
@@ -14,13 +19,13 @@ import yaml
 from kiln.lineage import MAIN_CHAIN, output_hash
 from kiln.paths import REPO_ROOT
 
-TARGET = "train_set_pretrain"  # the first ladder rung's train set
-DATA_STAGES = ["demo_corpus", "raw_images", *[s.key for s in MAIN_CHAIN], "coverage", "mixes", TARGET]  # what `dvc repro TARGET` runs
+TRAIN_SET, TARGET = "train_set_pretrain", "checkpoint_pretrain"  # the first ladder rung's train set and checkpoint
+STAGES = ["demo_corpus", "raw_images", *[s.key for s in MAIN_CHAIN], "coverage", "mixes", TRAIN_SET, TARGET]  # what `dvc repro TARGET` runs
 
 
 def _outs(lock: Path) -> dict[str, list[tuple[str, str]]]:
     stages = yaml.safe_load(lock.read_text())["stages"]
-    return {s: sorted((o["path"], o["md5"]) for o in stages[s]["outs"]) for s in DATA_STAGES if s in stages}
+    return {s: sorted((o["path"], o["md5"]) for o in stages[s]["outs"]) for s in STAGES if s in stages}
 
 
 def _fresh_copy(dst: Path) -> Path:
@@ -36,22 +41,16 @@ def _fresh_copy(dst: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_dvc_repro_on_a_fresh_copy_reproduces_the_pinned_data_stages(tmp_path):
+def test_dvc_repro_on_a_fresh_copy_reproduces_the_pinned_stages_and_leaves_the_lock_unchanged(tmp_path):
     repo = _fresh_copy(tmp_path / "kiln")
-    pinned = _outs(repo / "dvc.lock") if (repo / "dvc.lock").exists() else None
-    (repo / "dvc.lock").unlink(missing_ok=True)
+    committed = (repo / "dvc.lock").read_text()
+    pinned = _outs(repo / "dvc.lock")
+    assert set(pinned) == set(STAGES), "dvc.lock must pin every stage up to the first checkpoint"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1", "KILN_CONF": str(repo / "conf")}
-    subprocess.run([str(Path(sys.executable).parent / "dvc"), "repro", "--quiet", TARGET], cwd=repo, env=env, check=True, timeout=900)
-    first = _outs(repo / "dvc.lock")
-    assert set(first) == set(DATA_STAGES)
-    if pinned is not None:
-        assert first == pinned, "dvc repro on a fresh copy must give the md5s that dvc.lock pins"
+    subprocess.run([str(Path(sys.executable).parent / "dvc"), "repro", "--quiet", TARGET], cwd=repo, env=env, check=True, timeout=1500)
+    assert _outs(repo / "dvc.lock") == pinned, "dvc repro on a fresh copy must give the md5s that dvc.lock pins"
+    assert (repo / "dvc.lock").read_text() == committed  # what `git status` would call clean
 
-    for stage in ("manifest", "filtered", TARGET):  # Dagster's data version of a step is the hash dvc.lock records
-        assert dict(first[stage])[f"data/{stage}"] == output_hash(repo / "data" / stage)
-
-    shutil.rmtree(repo / "data")
-    shutil.rmtree(repo / ".dvc" / "cache", ignore_errors=True)  # no cache to restore from: really recompute
-    subprocess.run([str(Path(sys.executable).parent / "dvc"), "repro", "--quiet", "--force", "--no-run-cache", TARGET], cwd=repo, env=env, check=True, timeout=900)
-    assert _outs(repo / "dvc.lock") == first
-    assert (repo / "data" / "manifest" / "kept" / "part-00000.parquet").exists()
+    for stage in ("manifest", "filtered", TRAIN_SET, TARGET):  # Dagster's data version of a step is the hash dvc.lock records
+        assert dict(pinned[stage])[f"data/{stage}"] == output_hash(repo / "data" / stage)
+    assert (repo / "data" / TARGET / "throughput.json").is_file()  # the wall-clock records stay on disk, outside the hash
