@@ -57,8 +57,8 @@ def expander_sft(kiln: KilnResource) -> dg.MaterializeResult:
 
     cfg = kiln.config()
     out = train_sft(
-        read_pairs(kiln.path("user_prompts")), kiln.path("expander_sft"), cfg
-    )
+        read_pairs(kiln.path("user_prompts")), kiln.path("expander_sft"), cfg, overwrite=True
+    )  # the asset owns its folder
     report = evaluate_expander(out, kiln.path(DIT), cfg)
     (out / "expander_eval.json").write_text(json.dumps(report, indent=2) + "\n")
     return dg.MaterializeResult(
@@ -77,8 +77,8 @@ def expander_rl(kiln: KilnResource) -> dg.MaterializeResult:
 
     cfg = kiln.config()
     out = train_rl(
-        kiln.path("expander_sft"), kiln.path(DIT), kiln.path("expander_rl"), cfg
-    )
+        kiln.path("expander_sft"), kiln.path(DIT), kiln.path("expander_rl"), cfg, overwrite=True
+    )  # the asset owns its folder
     report = evaluate_expander(out, kiln.path(DIT), cfg)
     (out / "expander_eval.json").write_text(json.dumps(report, indent=2) + "\n")
     return dg.MaterializeResult(

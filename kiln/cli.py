@@ -225,10 +225,10 @@ def cmd_expander(args: argparse.Namespace) -> int:
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
     try:
         if args.fn_name == "sft":
-            out = train_sft(read_pairs(Path(args.pairs)), Path(args.out), cfg, resume=args.resume)
+            out = train_sft(read_pairs(Path(args.pairs)), Path(args.out), cfg, resume=args.resume, overwrite=args.overwrite)
         else:
-            out = train_rl(Path(args.sft), checkpoint, Path(args.out), cfg, resume=args.resume)
-    except (FileNotFoundError, ValueError) as e:  # a missing model or input: one plain message
+            out = train_rl(Path(args.sft), checkpoint, Path(args.out), cfg, resume=args.resume, overwrite=args.overwrite)
+    except (FileNotFoundError, FileExistsError, ValueError) as e:  # a missing model or input, an earlier run's checkpoints in OUT: one plain message
         print(f"kiln: {e}", file=sys.stderr)
         return 1
     if args.evaluate:
@@ -435,6 +435,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         ex.add_argument("--checkpoint", default=None, help="the DiT that draws expansions (RL's image and diversity rewards, --evaluate)")
         ex.add_argument("--out", required=True)
         ex.add_argument("--resume", action="store_true", help="continue from OUT's newest DCP checkpoint")
+        ex.add_argument("--overwrite", action="store_true", help="replace an earlier run's checkpoints in OUT (refused otherwise)")
         ex.add_argument("--evaluate", action="store_true", help="then evaluate on the held-out prompts (OUT/expander_eval.json)")
         ex.add_argument("overrides", nargs="*")
         ex.set_defaults(fn=cmd_expander, fn_name=name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -119,6 +120,19 @@ def test_a_killed_sft_run_resumes_to_the_weights_and_history_of_an_uninterrupted
         .read_text()
         .splitlines()
     ]
+
+
+def test_a_fresh_run_into_a_folder_with_checkpoints_is_refused_and_deletes_nothing(tmp_path):
+    cfg = tiny_cfg()
+    out = train_sft(PAIRS, tmp_path / "sft", cfg)
+    files = lambda: {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}  # noqa: E731
+    before = files()
+    with pytest.raises(FileExistsError, match=r"dcp/step-000006.*--resume.*--overwrite"):
+        train_sft(PAIRS[:2], out, cfg)
+    assert files() == before
+    train_sft(PAIRS[:2], out, cfg, overwrite=True)  # asked for: the earlier run's steps go, none is resumed
+    assert json.loads((out / "expander.json").read_text())["pairs"] < json.loads(before[Path("expander.json")])["pairs"]
+    assert [json.loads(x)["step"] for x in (out / "expander_sft_history.jsonl").read_text().splitlines()] == list(range(1, 7))
 
 
 @pytest.mark.slow

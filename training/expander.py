@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import torch
@@ -127,10 +128,14 @@ def train_sft(
     cfg: KilnConfig,
     resume: bool = False,
     stop_at: int | None = None,
+    overwrite: bool = False,
 ) -> Path | None:
-    """Fine-tune and export to `out`; None when stopped early at `stop_at` (a pre-emption, a test's kill)."""
+    """Fine-tune and export to `out`; None when stopped early at `stop_at` (a pre-emption, a test's kill).
+    A fresh run into a folder with an earlier run's checkpoints is refused unless `overwrite`, as `kiln
+    train` does; `overwrite` also rebuilds the tiny base (its vocabulary comes from the pairs)."""
     from training.data import DataPosition
     from training.dcp import Checkpointer, RunState
+    from training.runtime import prepare_output
 
     ex, out = cfg.expander, Path(out)
     check_expander(
@@ -139,6 +144,9 @@ def train_sft(
     if not pairs:
         raise ValueError("expander SFT: no pairs (the user_prompts asset kept no rows)")
     pairs = sft_pairs(pairs)
+    prepare_output(out, resume, overwrite)
+    if overwrite and not resume:
+        shutil.rmtree(out / INIT, ignore_errors=True)  # kiln's own build, from the earlier run's pairs
     out.mkdir(parents=True, exist_ok=True)
     base = base_folder(pairs, out, ex)
     torch.manual_seed(ex.seed)

@@ -227,15 +227,19 @@ def train_rl(
     resume: bool = False,
     stop_at: int | None = None,
     prompts: list[ShortPrompt] | None = None,
+    overwrite: bool = False,
 ) -> Path | None:
     """GDPO from the SFT expander into `out`; `checkpoint` None scores faithfulness only (no DiT rewards).
-    None when stopped early at `stop_at`."""
+    None when stopped early at `stop_at`. A fresh run into a folder with an earlier run's checkpoints is
+    refused unless `overwrite`."""
     from training.data import DataPosition
     from training.dcp import Checkpointer, RunState
+    from training.runtime import prepare_output
 
     ex, out = cfg.expander, Path(out)
     check_expander(ex)
     prompts = prompts or rl_prompt_set(cfg)
+    prepare_output(out, resume, overwrite)
     out.mkdir(parents=True, exist_ok=True)
     policy, tok = load_lm(sft_dir)
     reference, _ = load_lm(sft_dir)
