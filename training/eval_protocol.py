@@ -32,8 +32,8 @@ from training.metrics import cmmd, dino_mmd, fid
 METRIC_OF = {"fid": ("backbone", "fid_extractor"), "cmmd": ("clip", "clip_extractor"), "dino_mmd": ("dino", "dino_extractor")}
 HISTORY_COLUMNS = (
     "step", "heldout_loss", "prompt_following", "color", "shape", "count", "position", "background",
-    "fid", "cmmd", "dino_mmd", "baseline_prompt_following", "samples_per_s", "tokens_per_s",
-)
+    "fid", "cmmd", "dino_mmd", "baseline_prompt_following",
+)  # quality only: wall-clock throughput stays in each checkpoint's throughput.json, so the history is reproducible
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,6 @@ def history_row(metrics: dict) -> dict[str, float | int | None]:
     """The flat record of one evaluation (training.evaluate's metrics.json) for the history CSV."""
     pf = metrics.get("prompt_following", {})
     dist = metrics.get("distribution", {})
-    tp = metrics.get("throughput") or {}
     row = {
         "step": metrics["checkpoint"]["step"],
         "heldout_loss": metrics.get("heldout_loss", {}).get("mean"),
@@ -168,8 +167,6 @@ def history_row(metrics: dict) -> dict[str, float | int | None]:
         **{a: pf.get(a) for a in ("color", "shape", "count", "position", "background")},
         **{m: dist.get(m) for m in METRIC_OF},
         "baseline_prompt_following": metrics.get("baseline", {}).get("prompt_following", {}).get("all"),
-        "samples_per_s": tp.get("samples_per_s"),
-        "tokens_per_s": tp.get("tokens_per_s"),
     }
     return {k: row[k] for k in HISTORY_COLUMNS}
 
