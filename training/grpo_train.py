@@ -18,7 +18,6 @@ and `prompts_per_iter` must be at least the number of data-parallel ranks.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -66,7 +65,6 @@ def grpo(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = False, sto
         mix = mix or configured_reward_mix(cfg)
         end = last_step(post.iterations, stop_at)
         for it in progress(range(run.start, end), desc="grpo", unit="iter", total=end - run.start):
-            t0 = time.perf_counter()
             pick = np.random.default_rng(iteration_seed(post.seed, it, "prompts")).choice(len(prompts), size=P, replace=False)
             chosen = [prompts[i] for i in pick[mine]]
             text = policy.encode_text([p.prompt for p in chosen for _ in range(G)])
@@ -113,7 +111,6 @@ def grpo(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = False, sto
                 "kl": kl_sum / (P * G) / post.inner_epochs,
                 "clipped": clipped_sum / (P * G) / post.inner_epochs,
                 "grad_norm": grad_norm,
-                "seconds": round(time.perf_counter() - t0, 3),
             }
             done = it + 1
             run.step_done(record, done, post.save_every, end)
