@@ -144,7 +144,7 @@ def verify_step(path: Path, key: bytes, trust_unsigned: bool = False, rank: int 
 class StepWriter(FileSystemWriter):
     """DCP's file writer whose `.metadata` names the step alone. DCP's own records a random save id and the
     folder's path there, so two runs of one config wrote different bytes and DVC could not pin a training
-    stage (docs/dvc.md); the rank files never differed."""
+    stage (README, DVC); the rank files never differed."""
 
     def __init__(self, path: Path):
         super().__init__(str(path))

@@ -131,7 +131,7 @@ class PostRun:
         from model.generator import Generator
         from training.checkpoint import STATE_FILE, write_export_manifest
         from training.distributed import full_model_state
-        from training.trainer import NonFiniteTraining, nonfinite_weights
+        from training.runtime import NonFiniteTraining, nonfinite_weights
 
         self.ckpt.wait()
         if nonfinite_weights(self.policy, self.device):  # every rank answers: one rank's NaN stops them all

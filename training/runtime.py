@@ -87,3 +87,19 @@ def prepare_output(out_dir: Path, resume: bool, overwrite: bool, rank: int = 0) 
             (out_dir / name).unlink(missing_ok=True)
     if dist.is_initialized():
         dist.barrier()
+
+
+class NonFiniteTraining(RuntimeError):
+    """The run diverged (non-finite loss, grad norm or weights): it stops, and nothing is exported."""
+
+
+def nonfinite_weights(gen, device: torch.device) -> int:
+    """How many parameter tensors hold a NaN or inf, summed over ranks (every rank must call it)."""
+    import torch.distributed as dist
+
+    bad = sum(not bool(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()) for p in gen.parameters())
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        t = torch.tensor([bad], dtype=torch.int64, device=device)
+        dist.all_reduce(t)
+        bad = int(t.item())
+    return bad

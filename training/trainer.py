@@ -29,7 +29,15 @@ import torch
 
 from kiln.config import KilnConfig, TrainConfig
 from kiln.progress import log, progress
-from training.runtime import Runtime, init_generator, prepare_output, setup_runtime, step_generator
+from training.runtime import (
+    NonFiniteTraining,
+    Runtime,
+    init_generator,
+    nonfinite_weights,
+    prepare_output,
+    setup_runtime,
+    step_generator,
+)
 
 
 @dataclass(frozen=True)
@@ -38,10 +46,6 @@ class StepResult:
     grad_norm: float
     repa_loss: float | None = None  # global mean REPA term, when on
     skipped: bool = False  # the loss or grad norm was not finite: no update was applied
-
-
-class NonFiniteTraining(RuntimeError):
-    """The run diverged (non-finite loss, grad norm or weights): it stops, and nothing is exported."""
 
 
 @dataclass(frozen=True)
@@ -129,18 +133,6 @@ def train_step(learner: Learner, batch: StepBatch, rng: torch.Generator, lr: flo
         if repa_opt is not None:
             repa_opt.zero_grad(set_to_none=True)
     return StepResult(total / b, norm, repa_total / b if repa is not None else None, skipped=not finite)
-
-
-def nonfinite_weights(gen, device: torch.device) -> int:
-    """How many parameter tensors hold a NaN or inf, summed over ranks (every rank must call it)."""
-    import torch.distributed as dist
-
-    bad = sum(not bool(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()) for p in gen.parameters())
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        t = torch.tensor([bad], dtype=torch.int64, device=device)
-        dist.all_reduce(t)
-        bad = int(t.item())
-    return bad
 
 
 def _require_finite_weights(gen, device: torch.device, step: int, what: str) -> None:
