@@ -1,9 +1,9 @@
 """The DVC door: on a fresh copy of the repo, `dvc repro` rebuilds the stages byte for byte as dvc.lock pins
 them, the first training stage included, and leaves dvc.lock as committed (git stays clean).
 
-dvc.lock pins every stage; CI reproduces through `checkpoint_pretrain` (the data stages and the 560-step
-pretraining, about five minutes on 2 cores); the later stages repeat the same mechanisms (the trainer, DCP,
-sampling) and were pinned by a full `dvc repro` on a fresh clone (README, "DVC")."""
+CI reproduces through `checkpoint_pretrain` (the data stages and the 560-step pretraining, about five
+minutes on 2 cores). dvc.lock's entries for the later stages predate the last checkpoint-format fix (the
+text encoder's path in config.json) and are re-pinned by the next full `dvc repro`."""
 
 from __future__ import annotations
 
