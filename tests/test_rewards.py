@@ -9,6 +9,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from training.rewards import BradleyTerry, RewardMix, RubricReward, edit_distance, quoted_text, text_similarity
 from training.rubric import (
+    DemoGradedPixelJudge,
     DemoPixelJudge,
     Requirement,
     RubricPrompt,
@@ -301,3 +302,47 @@ def test_the_rubric_with_the_pixel_judge_scores_exactly_what_the_demo_checker_di
     mixed = np.concatenate([images, np.roll(images, 2, axis=0), rng.integers(0, 255, images.shape, dtype=np.uint8)], axis=1)  # [P, 3, ...]
     _, summary = rubric_scores(DemoPixelJudge(), prompts, mixed)
     assert summary == accuracy(mixed, expected_from_specs(demo_prompts()))
+
+
+def demo_requirements_of(color: str, position: str, background: str) -> tuple[Requirement, ...]:
+    return (Requirement("color", color, ""), Requirement("position", position, ""), Requirement("background", background, ""))
+
+
+def disc_image(bg: str, fg: str, cx: int, cy: int, r: int = 6, size: int = 32, ground=None) -> np.ndarray:
+    """One flat disc on a flat ground (`ground`: an RGB to paint instead of the palette's `bg`)."""
+    from assets.demo_scenes import COLORS
+
+    yy, xx = np.mgrid[0:size, 0:size]
+    img = np.empty((size, size, 3), np.uint8)
+    img[:] = COLORS[bg] if ground is None else np.asarray(ground, np.uint8)
+    img[(xx - cx) ** 2 + (yy - cy) ** 2 <= r * r] = COLORS[fg]
+    return img
+
+
+def test_the_graded_judge_agrees_with_the_pixel_judge_on_every_verdict_and_ranks_within_them():
+    """Graded answers sit above 0.5 exactly where the checker says yes, so the evaluation's accuracies are
+    unchanged; within a verdict they order images by how near they are to the request."""
+    from assets.demo_scenes import demo_prompts
+    from training.prompt_check import accuracy, expected_from_specs
+
+    prompts, images = demo_images()
+    rng = np.random.default_rng(11)  # not the seed of the exact-match test above
+    mixed = np.concatenate([images, np.roll(images, 5, axis=0), rng.integers(0, 255, images.shape, dtype=np.uint8)], axis=1)
+    hard, graded = DemoPixelJudge(), DemoGradedPixelJudge()
+    for rp, ims in zip(prompts, mixed, strict=True):
+        assert np.array_equal(graded.answer(rp, ims) > 0.5, hard.answer(rp, ims) > 0.5)
+    _, summary = rubric_scores(graded, prompts, mixed)
+    assert summary == accuracy(mixed, expected_from_specs(demo_prompts()))
+
+    # a red disc on the left of a blue ground, asked for a red shape on the left of a purple ground:
+    # the background fails either way, but a ground halfway to purple is nearer than the blue one,
+    # and a disc moved from the left edge towards the right is further from what was asked
+    from assets.demo_scenes import COLORS
+
+    rp = RubricPrompt("a red shape on the left, on a purple background", demo_requirements_of("red", "left", "purple"))
+    base = disc_image("blue", "red", 8, 16)
+    nearer_ground = disc_image("blue", "red", 8, 16, ground=(np.array(COLORS["blue"]) + np.array(COLORS["purple"])) / 2)
+    drifted = disc_image("blue", "red", 11, 16)
+    a = graded.answer(rp, np.stack([base, nearer_ground, drifted]))  # columns: color, position, background
+    assert (a[:, 2] < 0.5).all() and a[1, 2] > a[0, 2]
+    assert (a[:, 1] > 0.5).all() and a[0, 1] > a[2, 1]

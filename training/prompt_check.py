@@ -16,6 +16,9 @@ Deterministic pixel rules against the demo palette (assets.demo_scenes.COLORS), 
 An image whose foreground covers more than MAX_FOREGROUND of it (noise, a smeared wash) has no readable
 layout: position, count and shape fail there (the renderer's shapes cover at most ~23%; pure noise ~97%,
 which would otherwise put its centroid in the middle and its ink profile in one broad "peak").
+`graded_check` turns each pass/fail into a score a reward can climb: above 0.5 exactly where the rule
+passes, below where it fails, and within each side by how close the image is to the request (colour
+distances, the centroid's distance to the asked-for position, the count's error), like a judge's P(yes).
 Count is checked on every prompt. Shape only on large single shapes, where the rule is right about the
 renderer's own 32 px images (measured in the tests; on small or counted shapes, 8 px across with
 corners of a pixel or two, it was wrong on 15-40% of correct images). Where shape is not checked it is
@@ -176,6 +179,42 @@ def check_image(image: np.ndarray, expected: Expected) -> dict[str, bool]:
     if checkable["count"]:
         out["count"] = legible and count_of(ink(image, bg_rgb) * drawn, expected.position) == expected.count
     return out
+
+
+COLOR_SCALE = 60.0  # RGB distance at which a colour's closeness has fallen to 1/e
+POSITION_SCALE = 0.15  # centroid distance (share of the side) at which the position's closeness has fallen to 1/e
+PASS_FLOOR, GRADED_SPAN = 0.51, 0.49  # pass: 0.51 + 0.49 * closeness; fail: 0.49 * closeness
+
+
+def closeness(image: np.ndarray, expected: Expected) -> dict[str, float]:
+    """Per attribute, how near the image is to the request, in [0, 1] (1: exactly it)."""
+    bg_name, bg_rgb = background_color(image)
+    target_bg = np.array(COLORS[expected.background], np.float32)
+    out = {"background": float(np.exp(-np.linalg.norm(bg_rgb - target_bg) / COLOR_SCALE))}
+    win = window(image, expected.position).reshape(-1, 3).astype(np.float32)
+    out["color"] = float(np.exp(-np.linalg.norm(win - np.array(COLORS[expected.color], np.float32), axis=-1) / COLOR_SCALE).mean())
+    fg = foreground_mask(image, bg_rgb)
+    share = float(fg.mean())
+    if share < MIN_FOREGROUND:
+        out["position"] = 0.0
+    else:
+        h, w = fg.shape
+        ys, xs = np.nonzero(fg)
+        fx, fy = POSITION_XY[expected.position]
+        dist = float(np.hypot((xs.mean() + 0.5) / w - fx, (ys.mean() + 0.5) / h - fy))
+        out["position"] = float(np.exp(-dist / POSITION_SCALE)) * (1.0 if share <= MAX_FOREGROUND else MAX_FOREGROUND / share)
+    if expected.checkable()["count"]:
+        drawn = nearest_color(image) != PALETTE_NAMES.index(bg_name)
+        out["count"] = 1.0 / (1.0 + abs(count_of(ink(image, bg_rgb) * drawn, expected.position) - expected.count))
+    return out
+
+
+def graded_check(image: np.ndarray, expected: Expected) -> dict[str, float]:
+    """check_image's verdicts as scores in [0, 1]: > 0.5 exactly where the rule passes, graded by closeness
+    on each side (shape, a categorical rule, stays 0 or 1)."""
+    verdict = check_image(image, expected)
+    near = closeness(image, expected)
+    return {a: (PASS_FLOOR if ok else 0.0) + GRADED_SPAN * near.get(a, float(ok)) for a, ok in verdict.items()}
 
 
 def accuracy(images: np.ndarray, expected: list[Expected]) -> dict[str, float]:

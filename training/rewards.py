@@ -204,10 +204,12 @@ class RewardMix:
 
 def make_judge(post) -> Judge:
     """The rubric judge a PostConfig names (the demo's pixel checker is a stand-in for demo drawings only)."""
-    from training.rubric import DemoPixelJudge, VLMJudge
+    from training.rubric import DemoGradedPixelJudge, DemoPixelJudge, VLMJudge
 
     if post.judge == "demo_pixel":
         return DemoPixelJudge()
+    if post.judge == "demo_graded":
+        return DemoGradedPixelJudge()
     if not post.judge_vlm_path:
         raise ValueError("post.judge=vlm needs post.judge_vlm_path (a VLM folder)")
     return VLMJudge(post.judge_vlm_path, device=post.device)

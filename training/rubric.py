@@ -4,9 +4,10 @@ A prompt set is a JSONL file, one `{"prompt": ..., "requirements": [{"attribute"
 per line. A judge answers each requirement for an image with a score in [0, 1]; a rubric's score is the
 mean over the prompt's requirements, and per attribute it is the accuracy the evaluation reports.
 
-Two judges:
+The judges:
 - `DemoPixelJudge`: the demo profile's instance, the deterministic pixel checker of training/prompt_check.py
-  on the demo's scene grammar (a stand-in for a VLM judge, named as one: it only reads demo drawings).
+  on the demo's scene grammar (a stand-in for a VLM judge, named as one: it only reads demo drawings);
+  `DemoGradedPixelJudge` answers the same rules with graded scores, so group rewards rarely tie.
 - `VLMJudge`: any VLM by path, asked each requirement's yes/no question about the image; the score is
   P(yes) from the first answer token's logits, the VLM labeller's method (assets/classify.py).
 Requirements for prompts outside the demo's grammar are written by an LLM by path (`LLMRequirementWriter`;
@@ -137,15 +138,30 @@ class DemoPixelJudge:
 
     name = "demo_pixel_checker"
 
-    def answer(self, prompt: RubricPrompt, images: np.ndarray) -> np.ndarray:
+    def check(self, image: np.ndarray, expected) -> dict[str, float]:
         from training.prompt_check import check_image
 
+        return {a: float(ok) for a, ok in check_image(image, expected).items()}
+
+    def answer(self, prompt: RubricPrompt, images: np.ndarray) -> np.ndarray:
         expected = expected_of(prompt)
         out = np.zeros((len(images), len(prompt.requirements)), np.float64)
         for i, im in enumerate(images):
-            result = check_image(im, expected)
-            out[i] = [float(result.get(r.attribute, False)) for r in prompt.requirements]
+            result = self.check(im, expected)
+            out[i] = [result.get(r.attribute, 0.0) for r in prompt.requirements]
         return out
+
+
+class DemoGradedPixelJudge(DemoPixelJudge):
+    """Demo stand-in: the same rules answered as graded scores (training.prompt_check.graded_check), above 0.5
+    exactly where DemoPixelJudge says yes, so accuracies agree while a reward on it is dense, like a VLM's P(yes)."""
+
+    name = "demo_graded_pixel_checker"
+
+    def check(self, image: np.ndarray, expected) -> dict[str, float]:
+        from training.prompt_check import graded_check
+
+        return graded_check(image, expected)
 
 
 class VLMJudge:

@@ -86,7 +86,9 @@ class PostConfig(Strict):
 
     prompts: str | None = Field(None, description="rubric prompt set (JSONL, training/rubric.py); None = the demo grammar's RL prompts")
     eval_prompts: str | None = Field(None, description="rubric prompt set the evaluation's prompt following is scored on; None = the 12 demo prompts")
-    judge: Literal["demo_pixel", "vlm"] = Field("vlm", description="who checks rubric requirements: the demo's pixel checker (a stand-in) or a VLM by path")
+    judge: Literal["demo_pixel", "demo_graded", "vlm"] = Field(
+        "vlm", description="who checks rubric requirements: the demo's pixel checker (a stand-in; demo_graded: its graded scores) or a VLM by path"
+    )
     judge_vlm_path: str | None = Field(None, description="VLM folder for judge=vlm (P(yes) per requirement)")
     rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="rubric")], min_length=1)
     ocr_upscale: int = Field(1, ge=1, le=16, description="text reward: samples are read at this many times their size")
