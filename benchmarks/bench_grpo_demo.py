@@ -46,6 +46,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--eval-n", type=int, default=8, help="images per evaluation prompt")
     ap.add_argument("--eval-seed", type=int, default=1234)
+    ap.add_argument("--keep", help="keep each seed's run (checkpoint, grpo_history.jsonl) under KEEP/seed<N> instead of a temporary folder")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     ckpt = Path(args.checkpoint)
@@ -54,7 +55,7 @@ def main() -> None:
         cfg = load_config([f"post.seed={seed}", f"post.iterations={args.iterations}", *args.overrides])
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
-            out = grpo(ckpt, Path(tmp) / "rl", cfg)
+            out = grpo(ckpt, Path(args.keep) / f"seed{seed}" if args.keep else Path(tmp) / "rl", cfg, overwrite=True)
             seconds = time.perf_counter() - t0
             history = [json.loads(x) for x in (out / "grpo_history.jsonl").read_text().splitlines()]
             run = {"seed": seed, "seconds": round(seconds, 1), "train_reward_first5": round(float(np.mean([h["reward"] for h in history[:5]])), 4),
