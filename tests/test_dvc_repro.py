@@ -2,8 +2,8 @@
 them, the first training stage included, and leaves dvc.lock as committed (git stays clean).
 
 CI reproduces through `checkpoint_pretrain` (the data stages and the 560-step pretraining, about five
-minutes on 2 cores). dvc.lock's entries for the later stages predate the last checkpoint-format fix (the
-text encoder's path in config.json) and are re-pinned by the next full `dvc repro`."""
+minutes on 2 cores); every later stage is pinned by a full `dvc repro` on a fresh clone (about 60 minutes
+on 2 cores, too long for CI), which must leave dvc.lock unchanged as this test does."""
 
 from __future__ import annotations
 
