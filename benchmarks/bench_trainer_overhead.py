@@ -6,8 +6,9 @@ backward, clip, step, and nothing else; torch uses every core. kiln is `training
 runs it (data stream, read-ahead, telemetry, LR schedule, the exported checkpoint), once per
 `train.loader_workers` setting. Steady-state step time is the median over the steps after a warm-up;
 start-up (config to the first step: model build, text-embedding cache) and the export are reported apart.
-Runs are interleaved (ref, kiln w0, kiln w1, ref, ...) so a noisy machine hits them alike; the figure
-that matters is ref / kiln, the share of the minimal loop's rate the trainer keeps.
+Runs are interleaved (ref, kiln w0, kiln w1, ref, ...) so a noisy machine hits them alike, and each runs in a
+fresh process, so none inherits another's allocator state (in one process the later runs were 10% slower);
+the figure that matters is ref / kiln, the share of the minimal loop's rate the trainer keeps.
 
     .venv/bin/python benchmarks/bench_trainer_overhead.py [--steps 60 --repeats 3 --data PACK] [overrides ...]
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -84,23 +87,35 @@ def kiln_trainer(data: Path, cfg: KilnConfig, steps: int, workers: int, out: Pat
     return {"startup_s": total - sum(seconds), "step_s": statistics.median(seconds[WARMUP:]), "total_s": total}
 
 
+def measure_one(args: argparse.Namespace, data: Path, which: str) -> dict:
+    """One run, in a fresh process: `which` is "reference" or "kiln wN"."""
+    cmd = [sys.executable, __file__, "--one", which, "--data", str(data), "--steps", str(args.steps), "--", *args.overrides]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1]).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--data", type=Path, default=None, help="a pack stage output (default: 320 synthetic demo scenes)")
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the child process: one run, one JSON line
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     cfg = load_config(args.overrides)
+    if args.one is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            one = minimal_loop(args.data, cfg, args.steps) if args.one == "reference" else kiln_trainer(args.data, cfg, args.steps, int(args.one.removeprefix("kiln w")), Path(tmp) / "run")
+        print(json.dumps(one))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         data = args.data or synthetic_pack(tmp / "pack", 320, cfg)
         runs: dict[str, list[dict]] = {"reference": []} | {f"kiln w{w}": [] for w in args.workers}
         for r in range(args.repeats):
-            runs["reference"].append(minimal_loop(data, cfg, args.steps))
-            for w in args.workers:
-                runs[f"kiln w{w}"].append(kiln_trainer(data, cfg, args.steps, w, tmp / f"run{w}"))
+            for which in runs:
+                runs[which].append(measure_one(args, data, which))
             print(f"repeat {r + 1}/{args.repeats}: " + ", ".join(f"{k} {v[-1]['step_s']:.3f} s/step" for k, v in runs.items()), flush=True)
     med = {k: {m: statistics.median(x[m] for x in v) for m in ("step_s", "startup_s", "total_s")} for k, v in runs.items()}
     ref = med["reference"]["step_s"]

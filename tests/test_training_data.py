@@ -87,6 +87,17 @@ def test_read_ahead_keeps_the_stream_order_whatever_the_worker_count(train_set):
     assert all((a.x0 == b.x0).all() for a, b in zip(plain, threaded))
 
 
+def test_the_loader_reads_ahead_on_gpus_but_not_on_cpus_unless_told():
+    """A loader thread on CPU starts its own OpenMP team and slows the step (benchmarks/bench_trainer_overhead.py)."""
+    from kiln.config import load_config
+    from training.loader import loader_workers
+
+    assert load_config([]).train.loader_workers is None
+    assert loader_workers(None, "cpu") == 0
+    assert loader_workers(None, "cuda") == 1
+    assert loader_workers(2, "cpu") == 2 and loader_workers(0, "cuda") == 0
+
+
 def test_the_latent_cache_encodes_each_image_once_and_returns_the_same_latents(train_set, tmp_path):
     from model.autoencoder import LatentCache, PixelAutoencoder
 

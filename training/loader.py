@@ -34,6 +34,15 @@ def latent_encoder(gen, cache_dir: str | None) -> Callable[[Batch], StepInput]:
     return lambda batch: StepInput(batch, encode(batch.pixels))
 
 
+def loader_workers(configured: int | None, device_type: str) -> int:
+    """`train.loader_workers`, or the measured default: none on CPU, where a loader thread's torch ops start
+    their own OpenMP team that takes cores from the step (0.64x against 0.88x of a minimal loop on 2 cores,
+    benchmarks/bench_trainer_overhead.py), and one on CUDA, where the step leaves the host's cores free."""
+    if configured is not None:
+        return configured
+    return 1 if device_type == "cuda" else 0
+
+
 class Prefetcher:
     """Ordered, bounded read-ahead over an endless batch stream; `workers=0` prepares in the caller."""
 

@@ -131,11 +131,10 @@ class PostRun:
         from model.generator import Generator
         from training.checkpoint import STATE_FILE, write_export_manifest
         from training.distributed import full_model_state
-        from training.runtime import NonFiniteTraining, nonfinite_weights
+        from training.runtime import require_finite_weights
 
         self.ckpt.wait()
-        if nonfinite_weights(self.policy, self.device):  # every rank answers: one rank's NaN stops them all
-            raise NonFiniteTraining(f"{self.kind}: the policy's weights hold NaN or inf: nothing exported to {self.out} (the run diverged, or its start did: lower the LR, check the checkpoint)")
+        require_finite_weights(self.policy, self.device, f"{self.kind}: the export to {self.out}")  # every rank answers: one rank's NaN stops them all
         plain = self.policy
         if self.mesh is not None:
             state = full_model_state(self.policy, self.cfg.train.parallel.tp)  # every rank takes part; rank 0 receives

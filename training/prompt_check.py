@@ -28,6 +28,7 @@ absent from the image's result and from the accuracy's denominator.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -161,23 +162,41 @@ def shape_of(mask: np.ndarray) -> str | None:
     return "circle" if fill >= CIRCLE_MIN_FILL else "diamond"
 
 
-def check_image(image: np.ndarray, expected: Expected) -> dict[str, bool]:
+class Reading:
+    """What the verdicts and the closeness both read off one image (background, foreground, drawn pixels,
+    counts), each computed once."""
+
+    def __init__(self, image: np.ndarray):
+        self.image = image
+        self.bg_name, self.bg_rgb = background_color(image)
+        self.fg = foreground_mask(image, self.bg_rgb)
+        self._counts: dict[str, int] = {}
+
+    @cached_property
+    def drawn(self) -> np.ndarray:
+        return nearest_color(self.image) != PALETTE_NAMES.index(self.bg_name)  # split halfway between palette colours: blurred neighbours stay apart
+
+    def count(self, position: str) -> int:
+        if position not in self._counts:
+            self._counts[position] = count_of(ink(self.image, self.bg_rgb) * self.drawn, position)
+        return self._counts[position]
+
+
+def check_image(image: np.ndarray, expected: Expected, reading: Reading | None = None) -> dict[str, bool]:
     """Per-attribute pass/fail of one uint8 [H, W, 3] image (shape / count only where checkable)."""
-    bg_name, bg_rgb = background_color(image)
-    fg = foreground_mask(image, bg_rgb)
+    r = reading or Reading(image)
     out = {
-        "color": dominant_color(window(image, expected.position), bg_name) == expected.color,
-        "position": side_of(fg) == expected.position,
-        "background": bg_name == expected.background,
+        "color": dominant_color(window(image, expected.position), r.bg_name) == expected.color,
+        "position": side_of(r.fg) == expected.position,
+        "background": r.bg_name == expected.background,
     }
-    legible = bool(fg.mean() <= MAX_FOREGROUND)
+    legible = bool(r.fg.mean() <= MAX_FOREGROUND)
     out["position"] = out["position"] and legible
     checkable = expected.checkable()
-    drawn = nearest_color(image) != PALETTE_NAMES.index(bg_name)  # split halfway between palette colours: blurred neighbours stay apart
     if checkable["shape"]:
-        out["shape"] = legible and shape_of(drawn) == expected.shape
+        out["shape"] = legible and shape_of(r.drawn) == expected.shape
     if checkable["count"]:
-        out["count"] = legible and count_of(ink(image, bg_rgb) * drawn, expected.position) == expected.count
+        out["count"] = legible and r.count(expected.position) == expected.count
     return out
 
 
@@ -186,34 +205,33 @@ POSITION_SCALE = 0.15  # centroid distance (share of the side) at which the posi
 PASS_FLOOR, GRADED_SPAN = 0.51, 0.49  # pass: 0.51 + 0.49 * closeness; fail: 0.49 * closeness
 
 
-def closeness(image: np.ndarray, expected: Expected) -> dict[str, float]:
+def closeness(image: np.ndarray, expected: Expected, reading: Reading | None = None) -> dict[str, float]:
     """Per attribute, how near the image is to the request, in [0, 1] (1: exactly it)."""
-    bg_name, bg_rgb = background_color(image)
+    r = reading or Reading(image)
     target_bg = np.array(COLORS[expected.background], np.float32)
-    out = {"background": float(np.exp(-np.linalg.norm(bg_rgb - target_bg) / COLOR_SCALE))}
+    out = {"background": float(np.exp(-np.linalg.norm(r.bg_rgb - target_bg) / COLOR_SCALE))}
     win = window(image, expected.position).reshape(-1, 3).astype(np.float32)
     out["color"] = float(np.exp(-np.linalg.norm(win - np.array(COLORS[expected.color], np.float32), axis=-1) / COLOR_SCALE).mean())
-    fg = foreground_mask(image, bg_rgb)
-    share = float(fg.mean())
+    share = float(r.fg.mean())
     if share < MIN_FOREGROUND:
         out["position"] = 0.0
     else:
-        h, w = fg.shape
-        ys, xs = np.nonzero(fg)
+        h, w = r.fg.shape
+        ys, xs = np.nonzero(r.fg)
         fx, fy = POSITION_XY[expected.position]
         dist = float(np.hypot((xs.mean() + 0.5) / w - fx, (ys.mean() + 0.5) / h - fy))
         out["position"] = float(np.exp(-dist / POSITION_SCALE)) * (1.0 if share <= MAX_FOREGROUND else MAX_FOREGROUND / share)
     if expected.checkable()["count"]:
-        drawn = nearest_color(image) != PALETTE_NAMES.index(bg_name)
-        out["count"] = 1.0 / (1.0 + abs(count_of(ink(image, bg_rgb) * drawn, expected.position) - expected.count))
+        out["count"] = 1.0 / (1.0 + abs(r.count(expected.position) - expected.count))
     return out
 
 
 def graded_check(image: np.ndarray, expected: Expected) -> dict[str, float]:
     """check_image's verdicts as scores in [0, 1]: > 0.5 exactly where the rule passes, graded by closeness
     on each side (shape, a categorical rule, stays 0 or 1)."""
-    verdict = check_image(image, expected)
-    near = closeness(image, expected)
+    reading = Reading(image)
+    verdict = check_image(image, expected, reading)
+    near = closeness(image, expected, reading)
     return {a: (PASS_FLOOR if ok else 0.0) + GRADED_SPAN * near.get(a, float(ok)) for a, ok in verdict.items()}
 
 

@@ -93,6 +93,12 @@ class NonFiniteTraining(RuntimeError):
     """The run diverged (non-finite loss, grad norm or weights): it stops, and nothing is exported."""
 
 
+def require_finite_weights(gen, device: torch.device, refused: str) -> None:
+    """Stop the run (NonFiniteTraining) before `refused` (a save, an export) writes NaN or inf weights anywhere."""
+    if nonfinite_weights(gen, device):
+        raise NonFiniteTraining(f"{refused} refused: the weights hold NaN or inf (the run diverged, or its start did: lower the LR, check the data and the checkpoint)")
+
+
 def nonfinite_weights(gen, device: torch.device) -> int:
     """How many parameter tensors hold a NaN or inf, summed over ranks (every rank must call it)."""
     import torch.distributed as dist

@@ -33,8 +33,8 @@ from training.runtime import (
     NonFiniteTraining,
     Runtime,
     init_generator,
-    nonfinite_weights,
     prepare_output,
+    require_finite_weights,
     setup_runtime,
     step_generator,
 )
@@ -135,11 +135,6 @@ def train_step(learner: Learner, batch: StepBatch, rng: torch.Generator, lr: flo
     return StepResult(total / b, norm, repa_total / b if repa is not None else None, skipped=not finite)
 
 
-def _require_finite_weights(gen, device: torch.device, step: int, what: str) -> None:
-    if nonfinite_weights(gen, device):
-        raise NonFiniteTraining(f"the weights hold NaN or inf after step {step}: {what} refused (the run diverged: lower train.lr, check the data)")
-
-
 def _load_init_weights(gen, init_from: str | None) -> None:
     """A chained stage (256 -> 512 -> 1024 -> mid -> SFT) starts from the previous stage's exported weights,
     checked against their checksums first."""
@@ -197,7 +192,7 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
     from training.eval_protocol import dataset_version
     from training.gpu_settings import attention_context, check_gpu_settings
     from training.gpu_telemetry import GpuMonitor, peak_tflops
-    from training.loader import Prefetcher, latent_encoder
+    from training.loader import Prefetcher, latent_encoder, loader_workers
     from training.muon import make_optimizer
     from training.objective import num_image_tokens, timestep_shift
     from training.parallel import parallelize
@@ -261,7 +256,7 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
         skipped = 0  # non-finite steps skipped so far in this process
         stream = data.stream(tc.seed, run.position)
         learner = Learner(gen, opt, tc, runtime, ranks.dp_size, repa, repa_opt)
-        with Prefetcher(stream, latent_encoder(gen, cfg.model.latent_cache_dir), tc.loader_workers) as loader:
+        with Prefetcher(stream, latent_encoder(gen, cfg.model.latent_cache_dir), loader_workers(tc.loader_workers, device.type)) as loader:
             steps = range(step, end)
             for step in progress(steps, desc="train", total=len(steps), unit="step"):  # rank 0's bar only (kiln.progress)
                 started = time.perf_counter()
@@ -307,11 +302,11 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
                     if ranks.rank == 0:
                         log.warning("step %d: loss %s, grad norm %s: update skipped (%d of train.nonfinite_skip=%d)", done, result.loss, result.grad_norm, skipped, tc.nonfinite_skip)
                 if tc.dcp.every and done % tc.dcp.every == 0 and done < end:
-                    _require_finite_weights(gen, device, done, "saving a checkpoint")
+                    require_finite_weights(gen, device, f"step {done}: saving a checkpoint")
                     ckpt.save(gen, opt, RunState(done, position, loss_ema, last))
                 step = done
         final = RunState(step, position, loss_ema, last)
-        _require_finite_weights(gen, device, step, "the export")
+        require_finite_weights(gen, device, f"step {step}: the export")
         ckpt.save(gen, opt, final)
         ckpt.wait()  # the step checkpoint holds the last weights (and the EMA): a resume continues from them
         if tc.final_weights == "ema":

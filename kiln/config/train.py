@@ -134,7 +134,10 @@ class TrainConfig(Strict):
     repa: RepaConfig = RepaConfig()
     dcp: DCPConfig = DCPConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
-    loader_workers: int = Field(1, ge=0, le=MAX_THREADS, description="threads preparing the next batches (autoencoder latents, cache reads); 0 = in the step")
+    loader_workers: int | None = Field(
+        None, ge=0, le=MAX_THREADS,
+        description="threads preparing the next batches (autoencoder latents, cache reads); 0 = in the step; None = by device: 0 on CPU, 1 on CUDA (docs/training-at-scale.md)",
+    )
     init_from: str | None = Field(None, description="checkpoint folder whose weights start this stage (256 -> 512 -> 1024 -> mid -> SFT)")
     resolution: int | None = Field(None, ge=8, le=MAX_SIDE, description="side of this stage's square training bucket (its pack); None = data.pack.resolution")
     mix: str | None = Field(None, description="the dataset mix this stage trains on (assets.mixes: pretrain, midtrain, sft); None = every packed row")
