@@ -54,7 +54,7 @@ def tiny_dvc_project(root: Path) -> Path:
     (root / "conf" / "model" / "micro.yaml").write_text(yaml.safe_dump(model))
     train = yaml.safe_load((root / "conf" / "train" / "demo.yaml").read_text())
     (root / "conf" / "train" / "micro.yaml").write_text(yaml.safe_dump(_merge(train, MICRO_TRAIN), sort_keys=False))
-    top = (root / "conf" / "config.yaml").read_text().replace("- model: tiny", "- model: micro").replace("- train: demo", "- train: micro")
+    top = (root / "conf" / "config.yaml").read_text().replace("- model: nano", "- model: micro").replace("- train: demo", "- train: micro")
     (root / "conf" / "config.yaml").write_text(top)
     from dvc.utils.hydra import compose_and_dump
 

@@ -12,7 +12,7 @@ from kiln.config import ConfigError, KilnConfig, load_config
 def test_defaults_compose_and_validate():
     cfg = load_config()
     assert isinstance(cfg, KilnConfig)
-    assert cfg.model.size == "tiny" and cfg.cluster.kind == "local"
+    assert cfg.model.size == "nano" and cfg.cluster.kind == "local"
 
 
 def test_overrides_are_typed():

@@ -140,7 +140,7 @@ def test_a_nonsense_number_inside_a_list_or_dict_is_named_by_its_position(overri
         (["data.sae.k=100"], r"data\.sae: k \(100\) must be at most features \(32\)"),
         (["data.sae.reject_features=[40]"], r"data\.sae: reject_features \[40\] are not below features \(32\)"),
         (["data.clustering.review_level=3"], r"data\.clustering: review_level \(3\) is not an index into levels \[8, 24, 48\]"),
-        (["train.timestep_max_shift=0.5"], r"train: timestep_shift \(1\.0\) must be at most timestep_max_shift \(0\.5\)"),
+        (["train.timestep_shift=1.0", "train.timestep_max_shift=0.5"], r"train: timestep_shift \(1\.0\) must be at most timestep_max_shift \(0\.5\)"),
         (["train.pma_k=4"], r"train: pma_k \(4\) must be at most dcp\.keep \(3\)"),
         (["cluster.timeout_min=1"], r"cluster: signal_delay_s \(90\) must be below the time limit, timeout_min \(1 min\)"),
     ],
