@@ -28,8 +28,8 @@ def _size(width: int, depth: int, heads: int, kv_heads: int, note: str) -> DiTSi
 
 SIZES: dict[str, DiTSize] = {
     "micro": _size(64, 2, 2, 1, "unit tests: builds and runs in milliseconds"),
-    "nano": _size(128, 4, 2, 1, "a CPU demo size: 4x the steps of tiny per second"),
-    "tiny": _size(256, 4, 4, 2, "the CPU demo: ~4M params, 32x32 pixels in minutes on 2 cores"),
+    "nano": _size(128, 4, 2, 1, "the CPU demo: ~1M params, 2.4x the steps per second of tiny on 2 cores"),
+    "tiny": _size(256, 4, 4, 2, "the CPU demo before nano: ~4M params, 32x32 pixels in minutes on 2 cores"),
     "small": _size(512, 8, 8, 2, "a single-GPU ablation size (~30M)"),
     "prx_1b": _size(2048, 24, 16, 4, "PRX-1.2B class"),
     "krea2_12b": _size(6144, 28, 48, 12, "Krea-2-12B class"),

@@ -1,7 +1,7 @@
 """The DVC door: on a fresh copy of the repo, `dvc repro` rebuilds the stages byte for byte as dvc.lock pins
 them, the first training stage included, and leaves dvc.lock as committed (git stays clean).
 
-CI reproduces through `checkpoint_pretrain` (the data stages and the 560-step pretraining, about five
+CI reproduces through `checkpoint_pretrain` (the data stages and the 3,600-step pretraining, about eight
 minutes on 2 cores); every later stage is pinned by a full `dvc repro` on a fresh clone (about 60 minutes
 on 2 cores, too long for CI), which must leave dvc.lock unchanged as this test does."""
 

@@ -65,6 +65,7 @@ def test_the_count_follows_the_modulation_timestep_tokens_patch_and_channels(var
 def test_the_named_sizes_land_where_their_notes_say():
     krea = get_size("krea2_12b")
     assert (krea.width, krea.depth, krea.heads, krea.kv_heads, krea.mlp_hidden) == (6144, 28, 48, 12, 16384)
+    assert 0.8e6 <= built(size="nano") <= 1.3e6  # "~1M parameters in the blocks" (conf/model/nano.yaml)
     assert 3e6 <= built(size="tiny") <= 6e6  # "~4M params"
     assert 2e7 <= built(size="small") <= 4e7  # "~30M"
     assert 1.1e9 <= built(size="prx_1b") <= 1.3e9  # "PRX-1.2B class"
