@@ -2,9 +2,10 @@
 
 The demo's flat-colour drawings keep their layout visible in x_t up to t ~ 0.95. A model trained at the
 latent-space shift (~1 at these token counts: under 2% of its timesteps above 0.9) learns to denoise from
-the image and ignores the position word; at t = 1, where sampling starts, it draws the same mean image for
-every position (the diagnosis in docs/training.md). Trained at a high shift, the same micro model
-puts the shape where the caption says within a few hundred steps. This guards the timestep shift reaching
+the image and, for its first thousand steps or so, ignores the position word; at t = 1, where sampling starts,
+it draws the same mean image for every position (the diagnosis in docs/training.md; the demo's 4,000 steps
+learn the word anyway). Trained at a high shift, the same micro model puts the shape where the caption says
+within a few hundred steps. This guards the timestep shift reaching
 the trainer's draws and the text path carrying a spatial word.
 """
 
