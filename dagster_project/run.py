@@ -51,6 +51,20 @@ def job_for(select: list[str] | None, everything: bool, job: str | None = None) 
     return dg.Definitions(assets=d.defs.assets, asset_checks=d.defs.asset_checks, jobs=[adhoc], resources=d.defs.resources).resolve_job_def("kiln_run")
 
 
+def unselected_parents(select: list[str]) -> dict[str, list[str]]:
+    """For each selected asset, the assets it reads that the selection leaves out: Dagster runs only what
+    is selected, so these must already be materialized (the usual cause of a selected step's missing input)."""
+    from dagster_project import definitions as d
+
+    graph, chosen = d.defs.resolve_asset_graph(), set(select)
+    out = {}
+    for key in select:
+        parents = sorted(k.to_user_string() for k in graph.get(dg.AssetKey(key)).parent_keys) if graph.has(dg.AssetKey(key)) else []
+        if missing := [p for p in parents if p not in chosen]:
+            out[key] = missing
+    return out
+
+
 def check_graph_profile(cfg) -> None:
     """The definitions' ladder is the one this run's config asks for (they are built once per process)."""
     from kiln.ladder import all_rungs
@@ -77,6 +91,9 @@ def materialize_all(overrides: list[str] | None = None, select: list[str] | None
         tags={"kiln/entry": "kiln run"},
         raise_on_error=False,
     )
+    if not result.success and select and (left_out := unselected_parents(select)):
+        reads = "; ".join(f"{k} reads {', '.join(v)}" for k, v in left_out.items())
+        print(f"kiln run: --select runs only the assets it names ({reads}): add any of those not yet materialized to --select")
     failed_checks = [c for c in result.get_asset_check_evaluations() if not c.passed]
     for c in failed_checks:
         print(f"asset check failed: {c.asset_key.to_user_string()} {c.check_name}")

@@ -56,3 +56,28 @@ def test_an_asset_outside_the_stage_table_is_versioned_by_its_code_and_its_own_c
     base = version()
     assert version("data.concepts.alpha=0.7") != base  # its own section
     assert version("data.filters.min_side=40") == base  # another stage's
+
+
+def test_a_selection_names_what_its_assets_read_but_leaves_out():
+    from dagster_project.run import unselected_parents
+
+    assert unselected_parents(["coverage", "mixes"]) == {"coverage": ["rewritten"], "mixes": ["rewritten"]}
+    assert unselected_parents(["raw_images", "manifest"]) == {}  # manifest reads raw_images, which is selected
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_selected_asset_whose_input_was_never_made_fails_naming_the_asset_to_add(tmp_path, monkeypatch, capfd):
+    from dagster_project.run import materialize_all
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / ".dagster"))
+    monkeypatch.setenv("KILN_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("KILN_OVERRIDES", "")
+    level = logging.getLogger().level
+    try:
+        assert not materialize_all(["data.demo.n=40"], select=["filtered"])  # data/manifest does not exist
+    finally:
+        logging.getLogger().setLevel(level)
+    out = capfd.readouterr()
+    assert "kiln run: --select runs only the assets it names (filtered reads manifest)" in out.out
