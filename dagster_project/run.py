@@ -59,7 +59,7 @@ def unselected_parents(select: list[str]) -> dict[str, list[str]]:
     graph, chosen = d.defs.resolve_asset_graph(), set(select)
     out = {}
     for key in select:
-        parents = sorted(k.to_user_string() for k in graph.get(dg.AssetKey(key)).parent_keys) if graph.has(dg.AssetKey(key)) else []
+        parents = sorted(k.to_user_string() for k in graph.get(dg.AssetKey(key)).parent_keys)  # job_for checked the keys
         if missing := [p for p in parents if p not in chosen]:
             out[key] = missing
     return out

@@ -12,9 +12,9 @@ import pytest
 ASSETS = ["raw_images", "manifest", "filtered"]
 
 
-@pytest.mark.slow
-@pytest.mark.integration
-def test_kiln_run_prints_one_concise_line_per_asset_and_no_dagster_event_stream(tmp_path, monkeypatch, capfd):
+@pytest.fixture
+def kiln_run(tmp_path, monkeypatch):
+    """`materialize_all` in an empty folder of its own, the root logger's level restored after."""
     from dagster_project.run import materialize_all
 
     monkeypatch.chdir(tmp_path)
@@ -22,10 +22,14 @@ def test_kiln_run_prints_one_concise_line_per_asset_and_no_dagster_event_stream(
     monkeypatch.setenv("KILN_DATA", str(tmp_path / "data"))
     monkeypatch.setenv("KILN_OVERRIDES", "")  # materialize_all sets it for the graph; restored after
     level = logging.getLogger().level
-    try:
-        assert materialize_all(["data.demo.n=40"], select=ASSETS)
-    finally:
-        logging.getLogger().setLevel(level)
+    yield materialize_all
+    logging.getLogger().setLevel(level)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_kiln_run_prints_one_concise_line_per_asset_and_no_dagster_event_stream(kiln_run, capfd):
+    assert kiln_run(["data.demo.n=40"], select=ASSETS)
     out = capfd.readouterr()
     terminal = (out.out + out.err).splitlines()
     lines = [line for line in terminal if line.startswith("kiln run: ")]
@@ -67,17 +71,7 @@ def test_a_selection_names_what_its_assets_read_but_leaves_out():
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_a_selected_asset_whose_input_was_never_made_fails_naming_the_asset_to_add(tmp_path, monkeypatch, capfd):
-    from dagster_project.run import materialize_all
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / ".dagster"))
-    monkeypatch.setenv("KILN_DATA", str(tmp_path / "data"))
-    monkeypatch.setenv("KILN_OVERRIDES", "")
-    level = logging.getLogger().level
-    try:
-        assert not materialize_all(["data.demo.n=40"], select=["filtered"])  # data/manifest does not exist
-    finally:
-        logging.getLogger().setLevel(level)
+def test_a_selected_asset_whose_input_was_never_made_fails_naming_the_asset_to_add(kiln_run, capfd):
+    assert not kiln_run(["data.demo.n=40"], select=["filtered"])  # data/manifest does not exist
     out = capfd.readouterr()
     assert "kiln run: --select runs only the assets it names (filtered reads manifest)" in out.out
