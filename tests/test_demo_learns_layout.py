@@ -16,9 +16,9 @@ import pyarrow as pa
 import pytest
 import torch
 
-from assets.demo_scenes import POSITION_XY, Background, Scene, Shape, caption_for, render
+from assets.demo_scenes import POSITION_XY, Background, Scene, Shape
 from kiln.schemas import TRAIN
-from training.testing import rule_caption_forms, tiny_config, write_pack_output
+from training.testing import scene_train_row, tiny_config, write_pack_output
 
 POSITIONS = ("left", "right", "top", "bottom")
 LONG_ONLY = {"long": 1.0, "medium": 0.0, "short": 0.0, "tags": 0.0, "json": 0.0}
@@ -30,10 +30,7 @@ def one_shape_in_four_places(n: int = 48) -> pa.Table:
     rows = []
     for i in range(n):
         scene = Scene("single_shape", Background("blue"), (Shape("red", "circle", "large", POSITIONS[i % 4]),), layout_seed=int(rng.integers(10**6)))
-        caption = caption_for(scene)
-        pixels = np.asarray(render(scene, 32, 32).convert("RGB"), dtype=np.uint8)
-        rows.append({"id": f"r{i:03d}", "caption": caption, "caption_forms": rule_caption_forms(caption), "sampling_weight": 1.0,
-                     "bucket": "32x32", "height": 32, "width": 32, "pixels": pixels.tobytes(), "batch": i // 8, "order": i})
+        rows.append(scene_train_row(f"r{i:03d}", scene, 32, 32) | {"batch": i // 8, "order": i})
     return pa.Table.from_pylist(rows, schema=TRAIN)
 
 

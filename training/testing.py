@@ -21,17 +21,14 @@ from kiln.stage import write_table
 def scene_rows(n: int, seed: int = 0, buckets: tuple[tuple[int, int], ...] = ((32, 32),), batch_size: int = 8, weights: Sequence[float] | None = None) -> pa.Table:
     """`n` single-shape scenes; rows cycle through `buckets` and every batch holds one bucket. Each row
     carries the rule rewriter's caption forms and its sampling weight (`weights[i]`, default 1)."""
-    from assets.demo_scenes import caption_for, render, sample_scene
+    from assets.demo_scenes import sample_scene
 
     rng = np.random.default_rng(seed)
     by_bucket: dict[tuple[int, int], list[dict]] = {b: [] for b in buckets}
     for i in range(n):
-        scene = sample_scene(rng, "single_shape")
         h, w = buckets[i % len(buckets)]
-        pixels = np.asarray(render(scene, w, h), dtype=np.uint8)
-        caption = caption_for(scene)
-        row = {"id": f"row{i:05d}", "caption": caption, "caption_forms": rule_caption_forms(caption), "sampling_weight": 1.0 if weights is None else float(weights[i])}
-        by_bucket[(h, w)].append(row | {"bucket": f"{h}x{w}", "height": h, "width": w, "pixels": pixels.tobytes()})
+        row = scene_train_row(f"row{i:05d}", sample_scene(rng, "single_shape"), h, w)
+        by_bucket[(h, w)].append(row | {"sampling_weight": 1.0 if weights is None else float(weights[i])})
     batches = [rows[k : k + batch_size] for rows in by_bucket.values() for k in range(0, len(rows), batch_size)]
     order = rng.permutation(len(batches))
     out, pos = [], 0
@@ -40,6 +37,17 @@ def scene_rows(n: int, seed: int = 0, buckets: tuple[tuple[int, int], ...] = ((3
             out.append(r | {"batch": b, "order": pos})
             pos += 1
     return pa.Table.from_pylist(out, schema=TRAIN)
+
+
+def scene_train_row(row_id: str, scene, height: int, width: int) -> dict:
+    """One TRAIN row of a rendered demo scene with its true caption and the rule rewriter's forms (weight 1,
+    no batch or order yet: the caller packs it)."""
+    from assets.demo_scenes import caption_for, render
+
+    pixels = np.asarray(render(scene, width, height).convert("RGB"), dtype=np.uint8)
+    caption = caption_for(scene)
+    return {"id": row_id, "caption": caption, "caption_forms": rule_caption_forms(caption), "sampling_weight": 1.0,
+            "bucket": f"{height}x{width}", "height": height, "width": width, "pixels": pixels.tobytes()}
 
 
 def rule_caption_forms(caption: str) -> str:
