@@ -24,6 +24,7 @@ from training.expander_rewards import (
 )
 from training.expander_rl import ShortPrompt, train_rl
 from training.rubric import RubricPrompt
+from training.testing import EXPANDER_PAIRS
 
 
 def test_gdpo_normalises_each_reward_in_its_group_then_sums_and_standardises_the_batch():
@@ -173,21 +174,7 @@ def test_an_llm_extractor_without_a_path_is_refused_before_any_work(tmp_path):
     assert not (tmp_path / "rl").exists()
 
 
-PAIRS = [
-    {
-        "id": "a",
-        "prompt": "red circle",
-        "target": "a large red circle on the left, on a blue background",
-        "sampling_weight": 1.0,
-    },
-    {
-        "id": "b",
-        "prompt": "green square",
-        "target": "a small green square at the top, on a white background",
-        "sampling_weight": 1.0,
-    },
-]
-SHORT = [ShortPrompt(p["prompt"], RubricPrompt(p["target"])) for p in PAIRS]
+SHORT = [ShortPrompt(p["prompt"], RubricPrompt(p["target"])) for p in EXPANDER_PAIRS]
 
 
 def test_a_killed_rl_run_resumes_to_the_weights_and_history_of_an_uninterrupted_one(
@@ -210,7 +197,7 @@ def test_a_killed_rl_run_resumes_to_the_weights_and_history_of_an_uninterrupted_
         "rl_lr": 0.01,
     }
     cfg = load_config([f"expander.{k}={v}" for k, v in over.items()])
-    sft = train_sft(PAIRS, tmp_path / "sft", cfg)
+    sft = train_sft(EXPANDER_PAIRS, tmp_path / "sft", cfg)
     train_rl(
         sft, None, tmp_path / "full", cfg, prompts=SHORT
     )  # no DiT: faithfulness only

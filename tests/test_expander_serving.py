@@ -10,23 +10,8 @@ from kiln.config import load_config
 from model.testing import write_tiny_text_encoder
 from training.expander import expand, load_expander, train_sft
 from training.sampling import SAMPLES, sample_to_dir
-from training.testing import scene_rows, tiny_config, write_pack_output
+from training.testing import EXPANDER_PAIRS, scene_rows, tiny_config, write_pack_output
 from training.trainer import train
-
-PAIRS = [
-    {
-        "id": "a",
-        "prompt": "red circle",
-        "target": "a large red circle on the left, on a blue background",
-        "sampling_weight": 1.0,
-    },
-    {
-        "id": "b",
-        "prompt": "green square",
-        "target": "a small green square at the top, on a white background",
-        "sampling_weight": 1.0,
-    },
-]
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +33,7 @@ def models(tmp_path_factory):
         "max_new_tokens": 16,
     }
     expander = train_sft(
-        PAIRS,
+        EXPANDER_PAIRS,
         root / "expander",
         load_config([f"expander.{k}={v}" for k, v in over.items()]),
     )

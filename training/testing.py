@@ -39,6 +39,12 @@ def scene_rows(n: int, seed: int = 0, buckets: tuple[tuple[int, int], ...] = ((3
     return pa.Table.from_pylist(out, schema=TRAIN)
 
 
+EXPANDER_PAIRS = [  # short user prompt -> the grammar's full caption: a two-row SFT set for the prompt expander
+    {"id": "a", "prompt": "red circle", "target": "a large red circle on the left, on a blue background", "sampling_weight": 1.0},
+    {"id": "b", "prompt": "green square", "target": "a small green square at the top, on a white background", "sampling_weight": 1.0},
+]
+
+
 def scene_train_row(row_id: str, scene, height: int, width: int) -> dict:
     """One TRAIN row of a rendered demo scene with its true caption and the rule rewriter's forms (weight 1,
     no batch or order yet: the caller packs it)."""
