@@ -14,11 +14,9 @@ import torch
 from safetensors.torch import load_file
 
 from kiln.config import KilnConfig, PostConfig
-from model.testing import write_tiny_text_encoder
 from training.dpo_train import dpo
 from training.pairs import PAIRS, PAIRS_FILE, make_pairs, pick_pair, png, read_pairs
-from training.testing import scene_rows, tiny_config, write_pack_output
-from training.trainer import train
+from training.testing import trained_micro_model
 
 POST = {"judge": "demo_pixel", "pair_prompts": 6, "pair_k": 3, "pair_margin": 0.0, "dpo_steps": 4, "dpo_batch": 4, "dpo_lr": 1e-3, "dpo_beta": 50.0, "save_every": 2}
 
@@ -32,11 +30,7 @@ def test_a_pair_is_the_best_and_worst_sample_when_their_gap_passes_the_margin():
 
 @pytest.fixture(scope="module")
 def sft(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dpo")
-    te = write_tiny_text_encoder(root / "text_encoder")
-    data = write_pack_output(root / "pack", scene_rows(24, seed=4))
-    cfg = tiny_config(te, steps=6)
-    return train(data, root / "sft", cfg), cfg
+    return trained_micro_model(tmp_path_factory.mktemp("dpo"), 24, seed=4, steps=6)
 
 
 def with_post(cfg: KilnConfig, **post) -> KilnConfig:

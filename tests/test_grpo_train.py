@@ -10,10 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from kiln.config import ConfigError, KilnConfig, PostConfig
-from model.testing import write_tiny_text_encoder
 from training.grpo_train import grpo
-from training.testing import scene_rows, tiny_config, write_pack_output
-from training.trainer import train
+from training.testing import trained_micro_model
 
 pytestmark = [pytest.mark.slow]
 
@@ -22,11 +20,7 @@ POST = {"judge": "demo_pixel", "iterations": 4, "prompts_per_iter": 2, "group_si
 
 @pytest.fixture(scope="module")
 def sft(tmp_path_factory):
-    root = tmp_path_factory.mktemp("grpo")
-    te = write_tiny_text_encoder(root / "text_encoder")
-    data = write_pack_output(root / "pack", scene_rows(24, seed=3))
-    cfg = tiny_config(te, steps=30)  # enough that the output layer has left its zero init
-    return train(data, root / "sft", cfg), cfg
+    return trained_micro_model(tmp_path_factory.mktemp("grpo"), 24, seed=3, steps=30)  # 30: the output layer has left its zero init
 
 
 def with_post(cfg: KilnConfig, **post) -> KilnConfig:

@@ -13,7 +13,6 @@ from safetensors.torch import load_file
 from assets.demo_scenes import Background, Scene, Shape, render
 from kiln.config import KilnConfig, StyleConfig
 from model.generator import Generator
-from model.testing import write_tiny_text_encoder
 from training.style_data import (
     content_prompt,
     family_member,
@@ -23,19 +22,14 @@ from training.style_data import (
 )
 from training.style_eval import evaluate_style
 from training.style_train import style_train
-from training.testing import scene_rows, tiny_config, write_pack_output
-from training.trainer import train
+from training.testing import trained_micro_model
 
 STYLE = {"steps": 4, "batch_size": 4, "save_every": 2, "lr": 1e-3, "eval_cases": 4, "eval_steps": 2, "eval_strengths": [0.0, 0.5, 1.0]}
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    root = tmp_path_factory.mktemp("style")
-    te = write_tiny_text_encoder(root / "text_encoder")
-    data = write_pack_output(root / "pack", scene_rows(16, seed=3))
-    cfg = tiny_config(te, steps=10)
-    return train(data, root / "base", cfg), cfg
+    return trained_micro_model(tmp_path_factory.mktemp("style"), 16, seed=3, steps=10)
 
 
 def with_style(cfg: KilnConfig, **style) -> KilnConfig:

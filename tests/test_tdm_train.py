@@ -11,11 +11,9 @@ from safetensors.torch import load_file
 
 from kiln.cli import main as kiln_main
 from kiln.config import KilnConfig, PostConfig
-from model.testing import write_tiny_text_encoder
 from training.sampling import read_sampler_settings, sample_to_dir, with_sampler_settings
 from training.tdm_train import distill
-from training.testing import scene_rows, tiny_config, write_pack_output
-from training.trainer import train
+from training.testing import trained_micro_model
 
 pytestmark = [pytest.mark.slow]
 
@@ -24,11 +22,7 @@ DISTILL = {"student_steps": 3, "iterations": 4, "batch": 3, "fake_updates": 2, "
 
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tdm")
-    te = write_tiny_text_encoder(root / "text_encoder")
-    data = write_pack_output(root / "pack", scene_rows(24, seed=3))
-    cfg = tiny_config(te, steps=30)  # enough that the output layer has left its zero init
-    return train(data, root / "teacher", cfg), cfg
+    return trained_micro_model(tmp_path_factory.mktemp("tdm"), 24, seed=3, steps=30)  # 30: the output layer has left its zero init
 
 
 def with_distill(cfg: KilnConfig, **distill_fields) -> KilnConfig:

@@ -80,3 +80,13 @@ def tiny_config(text_encoder_dir: Path, **train) -> KilnConfig:
     fields |= {"sample": {"steps": 4, "n_per_prompt": 2}, "eval": {"steps": 4, "n_per_prompt": 1}}
     fields.update(train)
     return KilnConfig(model=micro_model_config(text_encoder_dir), train=TrainConfig.model_validate(fields), post=PostConfig(judge="demo_pixel"))
+
+
+def trained_micro_model(root: Path, rows: int, seed: int, steps: int) -> tuple[Path, KilnConfig]:
+    """A micro DiT trained `steps` steps on `rows` scenes under `root` (its text encoder and pack beside it):
+    the starting checkpoint of the post-training tests, with the config it was trained under."""
+    from model.testing import write_tiny_text_encoder
+    from training.trainer import train
+
+    cfg = tiny_config(write_tiny_text_encoder(root / "text_encoder"), steps=steps)
+    return train(write_pack_output(root / "pack", scene_rows(rows, seed=seed)), root / "checkpoint", cfg), cfg
