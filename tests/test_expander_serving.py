@@ -7,21 +7,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from kiln.config import load_config
-from model.testing import write_tiny_text_encoder
 from training.expander import expand, load_expander, train_sft
 from training.sampling import SAMPLES, sample_to_dir
-from training.testing import EXPANDER_PAIRS, scene_rows, tiny_config, write_pack_output
-from training.trainer import train
+from training.testing import EXPANDER_PAIRS, trained_micro_model
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("serve")
-    te = write_tiny_text_encoder(root / "text_encoder")
-    cfg = tiny_config(te, steps=2)
-    dit = train(
-        write_pack_output(root / "pack", scene_rows(16, seed=1)), root / "dit", cfg
-    )
+    dit, cfg = trained_micro_model(root, 16, seed=1, steps=2)
     over = {
         "tiny_hidden": 32,
         "tiny_heads": 2,

@@ -50,7 +50,7 @@ def scene_train_row(row_id: str, scene, height: int, width: int) -> dict:
     no batch or order yet: the caller packs it)."""
     from assets.demo_scenes import caption_for, render
 
-    pixels = np.asarray(render(scene, width, height).convert("RGB"), dtype=np.uint8)
+    pixels = np.asarray(render(scene, width, height), dtype=np.uint8)  # render draws RGB
     caption = caption_for(scene)
     return {"id": row_id, "caption": caption, "caption_forms": rule_caption_forms(caption), "sampling_weight": 1.0,
             "bucket": f"{height}x{width}", "height": height, "width": width, "pixels": pixels.tobytes()}
