@@ -22,7 +22,9 @@ from kiln.config.base import (
 
 
 class DemoConfig(Strict):
-    n: int = Field(480, ge=40, le=10**7, description="number of raw files to write")
+    n: int = Field(
+        6000, ge=40, le=10**7, description="number of raw files to write; 6000 (~3,800 training rows) lifts the demo model over 480's ~360 (docs/training.md)"
+    )
     seed: Seed = 0
     size: int = Field(96, ge=32, le=4096, description="side of the procedurally drawn scenes, px")
 
