@@ -1,11 +1,12 @@
 """REPA / iREPA: the term is -mean cos(teacher patch feature, projected block token), the teacher is a
-frozen HF vision model loaded by path, and the gradient reaches the projector (and the DiT), not the teacher."""
+frozen HF vision model loaded by path (or `classical`, the hand-made descriptor), and the gradient reaches
+the projector (and the DiT), not the teacher."""
 
 import pytest
 import torch
 
 from kiln.config import RepaConfig
-from training.repa import Projector, Repa, repa_active, repa_loss, teacher_targets
+from training.repa import ClassicalTeacher, Projector, Repa, repa_active, repa_loss, teacher_targets
 
 
 def test_the_loss_is_minus_the_mean_token_cosine():
@@ -24,15 +25,16 @@ def test_irepa_normalises_teacher_features_over_positions():
     assert teacher_targets(feats, (3, 3), spatial_norm=False).mean() > 4
 
 
-@pytest.mark.parametrize("kind", ["mlp", "conv"])
-def test_gradients_reach_the_projector_and_the_dit_but_not_the_teacher(text_encoder_dir, vit_teacher_dir, kind):
+@pytest.mark.parametrize("kind, teacher", [("mlp", "vit"), ("conv", "vit"), ("mlp", "classical")])
+def test_gradients_reach_the_projector_and_the_dit_but_not_the_teacher(text_encoder_dir, vit_teacher_dir, kind, teacher):
     from model.generator import Generator
     from model.testing import micro_model_config
     from model.text_encoder import TextBatch
 
     torch.manual_seed(0)
     gen = Generator.build(micro_model_config(text_encoder_dir))
-    repa = Repa(gen, RepaConfig(teacher_path=str(vit_teacher_dir), block=0, projector=kind, hidden=16))
+    path = str(vit_teacher_dir) if teacher == "vit" else "classical"
+    repa = Repa(gen, RepaConfig(teacher_path=path, block=0, projector=kind, hidden=16))
     x = torch.rand(2, 3, 16, 16) * 2 - 1
     text = TextBatch(torch.randn(2, 3, 16, 32), torch.ones(2, 16, dtype=torch.bool))
     gen(x, torch.full((2,), 0.5), text)
@@ -58,3 +60,41 @@ def test_conv_projector_sees_spatial_neighbours():
     tokens[0, 4] = 1.0  # the centre of a 3x3 grid
     out = p(tokens, (3, 3)) - p(torch.zeros(1, 9, 4), (3, 3))
     assert (out.abs().sum(-1) > 0).all()  # every position's projection depends on the centre token
+
+
+def _renders(*shapes: str) -> torch.Tensor:
+    import numpy as np
+
+    from assets.demo_scenes import Background, Scene, Shape, render
+
+    scenes = [Scene("single_shape", Background("blue"), (Shape("red", s, "large", "center"),)) for s in shapes]
+    return torch.stack([torch.from_numpy(np.asarray(render(sc, 32, 32), np.float32) / 127.5 - 1).permute(2, 0, 1) for sc in scenes])
+
+
+def test_the_classical_teacher_gives_every_token_its_images_descriptor_standardised_over_the_batch():
+    teacher = ClassicalTeacher()
+    images = _renders("circle", "square", "triangle", "diamond")
+    y = teacher_targets(teacher(images), (8, 8), spatial_norm=False)
+    assert y.shape == (4, 64, teacher.dim)
+    torch.testing.assert_close(y, y[:, :1].expand_as(y))  # one vector per image, on every token
+    torch.testing.assert_close(y.mean(0), torch.zeros(64, teacher.dim), atol=1e-5, rtol=0)  # what differs between images
+    cos = torch.nn.functional.cosine_similarity(y[:, 0, None], y[None, :, 0], dim=-1)
+    assert (cos - torch.eye(4)).abs().max() < 0.9  # four shapes, four directions
+    assert teacher(images[:1]).abs().max() == 0  # a batch of one has nothing to compare
+
+
+def test_the_classical_teacher_refuses_irepas_normalisation_over_positions(text_encoder_dir):
+    from model.generator import Generator
+    from model.testing import micro_model_config
+
+    gen = Generator.build(micro_model_config(text_encoder_dir))
+    with pytest.raises(ValueError, match="projector=mlp"):
+        Repa(gen, RepaConfig(teacher_path="classical", projector="conv"))
+
+
+def test_a_repa_teacher_folder_that_is_not_there_stops_the_config_before_any_work(tmp_path):
+    from kiln.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="train.repa.teacher_path: the REPA teacher's model folder .* does not exist"):
+        load_config([f"train.repa.teacher_path={tmp_path / 'dinov2'}"])
+    assert load_config(["train.repa.teacher_path=classical"]).train.repa.teacher_path == "classical"

@@ -10,17 +10,26 @@ the token grid (spatial context for the projection) and normalises the teacher f
 spatial positions (zero mean, unit variance per channel across the grid) before the cosine, so that the
 alignment target is the spatial structure rather than the global feature offset. The term is added with
 `weight` for the first `steps` steps (`steps=0`: always), after which the projector stops mattering.
+
+`teacher_path="classical"` aligns with a hand-made target instead, as MaskFeat predicts HOG: the classical
+descriptor of the clean image (assets/embed.py: colour, gradient orientations, edge and foreground layout,
+blob count and shape, spectrum), one vector per image given to every token. It needs no model, so the CPU
+demo can use REPA (docs/training.md, "REPA against the hand-made descriptor").
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kiln.config import ParallelConfig, RepaConfig
+from kiln.config.train import REPA_CLASSICAL as CLASSICAL
 
 
 class Teacher(nn.Module):
@@ -44,6 +53,53 @@ class Teacher(nn.Module):
         tokens = self.model(pixel_values=x).last_hidden_state
         g = self.image_size // self.patch_size
         return tokens[:, -g * g :].transpose(1, 2).reshape(x.shape[0], self.dim, g, g)
+
+
+class ClassicalTeacher(nn.Module):
+    """The classical descriptor of each clean image, [B, D, 1, 1], standardised over the batch: what tells the
+    batch's images apart, not the direction every descriptor shares (its blocks are non-negative histograms,
+    so raw vectors are all within a small angle of each other and the cosine would teach little). A batch of
+    one has nothing to compare and gives zeros, which the cosine ignores. Descriptors are cached by the
+    image's bytes, as a training set repeats its images every epoch."""
+
+    def __init__(self, cache_size: int = 2**17):
+        super().__init__()
+        from assets.embed import classical_descriptor
+
+        self._describe = classical_descriptor
+        self._cache: OrderedDict[bytes, Tensor] = OrderedDict()
+        self._cache_size = cache_size
+        self.dim = len(classical_descriptor(_blank()))
+
+    def _one(self, pixels: np.ndarray) -> Tensor:
+        from PIL import Image
+
+        key = hashlib.blake2b(pixels.tobytes() + bytes(str(pixels.shape), "ascii"), digest_size=16).digest()
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        value = torch.from_numpy(self._describe(Image.fromarray(pixels)).astype(np.float32))
+        self._cache[key] = value
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return value
+
+    @torch.no_grad()
+    def forward(self, images: Tensor) -> Tensor:
+        pixels = ((images.detach().float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+        y = torch.stack([self._one(p) for p in pixels])
+        y = (y - y.mean(0, keepdim=True)) / (y.std(0, keepdim=True, unbiased=False) + 1e-3)
+        return y.to(images.device)[:, :, None, None]
+
+
+def _blank():
+    from PIL import Image
+
+    return Image.new("RGB", (32, 32), (128, 128, 128))
+
+
+def make_teacher(path: str) -> nn.Module:
+    return ClassicalTeacher() if path == CLASSICAL else Teacher(path)
 
 
 def teacher_targets(features: Tensor, grid: tuple[int, int], spatial_norm: bool) -> Tensor:
@@ -112,7 +168,9 @@ class Repa(nn.Module):
         if cfg.teacher_path is None:
             raise ValueError("train.repa.teacher_path is not set")
         self.cfg = cfg
-        self.__dict__["teacher"] = Teacher(cfg.teacher_path)  # frozen, not a submodule: never trained or saved
+        if cfg.teacher_path == CLASSICAL and cfg.projector == "conv":
+            raise ValueError("train.repa.teacher_path=classical gives one vector per image, which iREPA's normalisation over positions would zero: use projector=mlp")
+        self.__dict__["teacher"] = make_teacher(cfg.teacher_path)  # frozen, not a submodule: never trained or saved
         self.projector = Projector(gen.dit_cfg.width, self.teacher.dim, cfg.hidden, cfg.projector)
         self.tap = BlockTap(gen.dit.blocks[cfg.block])
         self.text_len, self.timestep_tokens, self.patch = gen.text_length, gen.dit_cfg.timestep_tokens, gen.dit_cfg.patch_size

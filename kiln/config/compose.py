@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from kiln.config.data import STAND_INS, DataConfig
 from kiln.config.schema import KilnConfig
+from kiln.config.train import REPA_CLASSICAL
 from kiln.paths import CONF_DIR
 
 
@@ -157,6 +158,9 @@ def validate(raw: dict[str, Any], choices: dict[str, str] | None = None, overrid
     problems = model_problems(cfg.data)
     if cfg.post.judge == "vlm" and (why := _missing_path(cfg.post.judge_vlm_path)):  # the evaluation's prompt following asks it
         problems.append(("post.judge_vlm_path", f"the rubric judge's VLM folder {why} (post=demo judges demo drawings with the pixel checker)"))
+    teacher = cfg.train.repa.teacher_path
+    if teacher is not None and teacher != REPA_CLASSICAL and (why := _missing_path(teacher)):
+        problems.append(("train.repa.teacher_path", f"the REPA teacher's model folder {why} (or `classical`, the hand-made descriptor)"))
     if problems:
         profile = (choices or {}).get("data", "?")
         lines = [line(tuple(key.split(".")), what) for key, what in problems]

@@ -66,10 +66,15 @@ class OptimConfig(Strict):
     )
 
 
+REPA_CLASSICAL = "classical"  # train.repa.teacher_path naming the hand-made descriptor instead of a model folder
+
+
 class RepaConfig(Strict):
     """REPA / iREPA: align an intermediate block's image tokens with a frozen vision teacher's patch features."""
 
-    teacher_path: str | None = Field(None, description="an HF vision model folder; None = REPA off")
+    teacher_path: str | None = Field(
+        None, description="an HF vision model folder, or `classical`: the hand-made descriptor of assets/embed.py, one vector per image; None = REPA off"
+    )
     block: int = Field(1, ge=0, le=1024, description="the DiT block whose output is aligned")
     weight: float = Field(0.5, ge=0, le=1000)
     steps: int = Field(0, ge=0, le=MAX_STEPS, description="REPA is on for the first `steps` optimiser steps; 0 = the whole run")
