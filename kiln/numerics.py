@@ -26,7 +26,7 @@ CAPS = {
     "OPENBLAS_CORETYPE": "Haswell",  # numpy's OpenBLAS: its AVX2 kernels
 }
 NEEDED_FLAGS = frozenset({"avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"})  # x86-64-v3, the path the caps name
-LOADED_BEFORE = tuple(m for m in ("numpy",) if m in sys.modules)  # numpy loaded before kiln could cap it
+NUMPY_LOADED_BEFORE = "numpy" in sys.modules  # then this process's numpy is uncapped (its children are not)
 
 
 def cpu_flags() -> frozenset[str]:
@@ -55,6 +55,6 @@ def apply() -> None:
 
 
 def mode() -> str:
-    """'portable' when the caps are in force in this process, else 'native' (recorded with each run)."""
+    """'portable' when the caps are in force in this process, else 'native'."""
     capped = all(os.environ.get(k) == v for k, v in CAPS.items())
-    return "portable" if capped and not LOADED_BEFORE else "native"
+    return "portable" if capped and not NUMPY_LOADED_BEFORE else "native"

@@ -66,9 +66,10 @@ def _renders(*shapes: str) -> torch.Tensor:
     import numpy as np
 
     from assets.demo_scenes import Background, Scene, Shape, render
+    from model.autoencoder import from_uint8_nhwc
 
     scenes = [Scene("single_shape", Background("blue"), (Shape("red", s, "large", "center"),)) for s in shapes]
-    return torch.stack([torch.from_numpy(np.asarray(render(sc, 32, 32), np.float32) / 127.5 - 1).permute(2, 0, 1) for sc in scenes])
+    return from_uint8_nhwc(np.stack([np.asarray(render(sc, 32, 32)) for sc in scenes]))
 
 
 def test_the_classical_teacher_gives_every_token_its_images_descriptor_standardised_over_the_batch():

@@ -86,8 +86,9 @@ class ClassicalTeacher(nn.Module):
 
     @torch.no_grad()
     def forward(self, images: Tensor) -> Tensor:
-        pixels = ((images.detach().float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
-        y = torch.stack([self._one(p) for p in pixels])
+        from model.autoencoder import to_uint8_nhwc
+
+        y = torch.stack([self._one(p) for p in to_uint8_nhwc(images).numpy()])
         y = (y - y.mean(0, keepdim=True)) / (y.std(0, keepdim=True, unbiased=False) + 1e-3)
         return y.to(images.device)[:, :, None, None]
 
