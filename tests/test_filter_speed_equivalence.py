@@ -12,7 +12,18 @@ import numpy as np
 from PIL import Image
 from samples import encoded, scene
 
-from assets.decode import BORDER_ROW_SHARE, BORDER_TOL, _median_colour, border_share, decode_views, rgb_entropy
+from assets.decode import (
+    BORDER_ROW_SHARE,
+    BORDER_TOL,
+    FLAT_BLOCK,
+    FLAT_STD,
+    _median_colour,
+    border_share,
+    decode_views,
+    flat_share,
+    grey_of,
+    rgb_entropy,
+)
 from assets.hashes import DARK_V, GREY_S, SOFT, colorhash64
 
 
@@ -40,6 +51,13 @@ def entropy_plain(rgb: np.ndarray) -> float:
     p = counts / counts.sum(axis=1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
         return float((-np.where(p > 0, p * np.log2(p), 0.0).sum(axis=1)).mean())
+
+
+def flat_share_plain(grey: np.ndarray) -> float:
+    """Each whole block's standard deviation, compared with the threshold."""
+    h, w = (s - s % FLAT_BLOCK for s in grey.shape)
+    blocks = grey[:h, :w].reshape(h // FLAT_BLOCK, FLAT_BLOCK, w // FLAT_BLOCK, FLAT_BLOCK)
+    return float((blocks.std(axis=(1, 3)) < FLAT_STD).mean())
 
 
 def colorhash_plain(hsv: np.ndarray) -> bytes:
@@ -105,6 +123,18 @@ def test_the_c_histogram_entropy_is_the_bincount_entropy():
         assert rgb_entropy(a) == entropy_plain(a)
     strided = rng.integers(0, 256, (40, 40, 3)).astype(np.uint8)[::2, ::3]
     assert rgb_entropy(strided) == entropy_plain(strided)
+
+
+def test_the_block_sum_flat_share_is_the_per_block_standard_deviation_share():
+    rng = np.random.default_rng(4)
+    for i in range(600):
+        h, w = (128, 128) if i % 2 else (int(rng.integers(8, 140)), int(rng.integers(8, 140)))  # odd sizes drop partial blocks
+        sigma = rng.uniform(1.5, 3.5)  # block standard deviations on both sides of FLAT_STD, many close to it
+        rgb = np.clip(rng.integers(0, 256, 3) + rng.normal(0, sigma, (h, w, 3)), 0, 255).astype(np.uint8)
+        if i % 7 == 0:
+            rgb[: h // 2] = rgb[0, 0]  # a flat half
+        grey = grey_of(rgb)
+        assert flat_share(grey) == flat_share_plain(grey), (i, h, w)
 
 
 def test_the_lookup_table_colour_hash_is_the_per_pixel_colour_hash():
