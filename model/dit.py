@@ -49,6 +49,7 @@ class DiTConfig:
     mlp: Literal["swiglu", "gelu"] = "swiglu"
     abs_pos: bool = False  # add fixed 2-D sin-cos positions to the patch tokens (besides RoPE)
     prediction: Literal["v", "x"] = "v"  # x: the head outputs the clean image; forward still returns the velocity
+    pixel_head: int = 0  # >0: the final layer gives this many channels per pixel, and a 3x3 conv across patch seams the output
 
     def __post_init__(self) -> None:
         if self.modulation == "none" and not self.timestep_tokens:
@@ -209,7 +210,9 @@ class DiT(nn.Module):
         modulated = cfg.modulation != "none"
         self.final_norm = RMSNorm(w, affine=not modulated)
         self.final_modulation = nn.Linear(w, 2 * w) if modulated else None
-        self.final = nn.Linear(w, cfg.in_channels * p * p)
+        head = cfg.pixel_head or cfg.in_channels
+        self.final = nn.Linear(w, head * p * p)
+        self.pixel_conv = nn.Conv2d(head, cfg.in_channels, 3, padding=1) if cfg.pixel_head else None
         self.init_weights()
 
     def init_weights(self) -> None:
@@ -233,11 +236,15 @@ class DiT(nn.Module):
         for block in self.blocks:
             block.init_weights()
         self.final_norm.reset_parameters()  # affine only under modulation 'none'
-        for m in (self.final_modulation, self.final):
+        closing = (self.final_modulation, self.final) if self.pixel_conv is None else (self.final_modulation, self.pixel_conv)
+        for m in closing:
             if m is None:
                 continue
             nn.init.zeros_(m.weight)
             nn.init.zeros_(m.bias)
+        if self.pixel_conv is not None:  # the conv closes the output; the layer before it must pass a signal
+            nn.init.xavier_uniform_(self.final.weight)
+            nn.init.zeros_(self.final.bias)
 
     # ------------------------------------------------------------------------------------- sequence
     def sequence_length(self, text_len: int, height: int, width: int, reference_tokens: int = 0) -> int:
@@ -301,7 +308,10 @@ class DiT(nn.Module):
         if self.final_modulation is not None:
             shift, scale = self.final_modulation(c).unsqueeze(1).chunk(2, dim=-1)
             out = out * (1 + scale) + shift
-        out = unpatchify(self.final(out), p, self.cfg.in_channels, h, w)
+        if self.pixel_conv is None:
+            out = unpatchify(self.final(out), p, self.cfg.in_channels, h, w)
+        else:
+            out = self.pixel_conv(F.silu(unpatchify(self.final(out), p, self.cfg.pixel_head, h, w)))
         if self.cfg.prediction == "x":
             out = velocity_from_clean(x, out, t)
         return out.to(x.dtype)
@@ -330,4 +340,6 @@ class DiT(nn.Module):
         n_img = (height // self.cfg.patch_size) * (width // self.cfg.patch_size)
         per_token = sum(block.flops_per_token(s) for block in self.blocks)
         io = 2 * n_img * (self.patch_embed.in_features * self.cfg.width + self.cfg.width * self.final.out_features)
+        if self.pixel_conv is not None:
+            io += 2 * height * width * self.pixel_conv.weight.numel()
         return s * per_token + io

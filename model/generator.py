@@ -48,6 +48,7 @@ def resolve_dit_config(cfg: ModelConfig, in_channels: int | None = None) -> DiTC
         mlp=cfg.mlp,
         abs_pos=cfg.abs_pos,
         prediction=cfg.prediction,
+        pixel_head=cfg.pixel_head,
     )
 
 

@@ -75,6 +75,7 @@ KNOBS = {  # name -> model overrides, each a non-default value
     "gelu": {"mlp": "gelu"},
     "abs_pos": {"abs_pos": True},
     "x_prediction": {"prediction": "x"},
+    "pixel_head": {"pixel_head": 8},
 }
 
 
@@ -181,6 +182,36 @@ def test_x_prediction_turns_the_heads_clean_image_into_the_velocity(text_encoder
     assert torch.allclose(velocity, (x_t - clean) / max(t, 0.05), atol=1e-4)
     if t >= 0.05:  # one Euler step of the whole remaining time lands on the predicted clean image
         assert torch.allclose(x_t - t * velocity, clean, atol=1e-4)
+
+
+def _pixels_moved_by_one_patch(gen: Generator) -> torch.Tensor:
+    """[H, W] bool: the output pixels that change when the final layer's output for the first (top-left)
+    patch alone is perturbed."""
+    x, t, text = _inputs(gen)
+    with torch.no_grad():
+        plain = gen(x, t, text)
+        hook = gen.dit.final.register_forward_hook(lambda mod, args, out: torch.cat([out[:, :1] + 1.0, out[:, 1:]], 1))
+        nudged = gen(x, t, text)
+        hook.remove()
+    return (nudged - plain).abs().amax(dim=(0, 1)) > 1e-6
+
+
+def test_the_pixel_head_lets_each_patch_reach_across_its_seams(text_encoder_dir):
+    """The linear head writes each patch's pixels from that patch's token alone, so neighbouring patches
+    can disagree at their shared edge (the blocky seams of the demo's samples); the pixel head's 3x3 conv
+    reads one pixel across every seam. Both start closed: the output is zero at initialisation."""
+    p = micro_model_config(text_encoder_dir).patch_size
+    linear = _perturbed(init_generator(micro_model_config(text_encoder_dir), 0))
+    conv = _perturbed(init_generator(micro_model_config(text_encoder_dir, pixel_head=8), 0))
+    assert tuple(conv.dit.final.weight.shape) == (8 * p * p, WIDTH) and tuple(conv.dit.pixel_conv.weight.shape) == (3, 8, 3, 3)
+    moved = _pixels_moved_by_one_patch(linear)
+    assert moved[:p, :p].all() and moved.sum() == p * p  # its own patch and nothing else
+    moved = _pixels_moved_by_one_patch(conv)
+    assert moved[: p + 1, : p + 1].all() and moved.sum() == (p + 1) ** 2  # one pixel into the neighbours
+    fresh = init_generator(micro_model_config(text_encoder_dir, pixel_head=8), 0).eval()
+    x, t, text = _inputs(fresh)
+    with torch.no_grad():
+        assert torch.equal(fresh(x, t, text), torch.zeros_like(x))
 
 
 def test_the_gelu_mlp_is_4x_wide_at_the_flops_of_swiglu(text_encoder_dir):

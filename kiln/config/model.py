@@ -55,6 +55,7 @@ class ModelConfig(Strict):
     rope_fraction: float = Field(1.0, ge=0, le=1, description="share of each head's dims that RoPE rotates (partial RoPE); 1 = all")
     mlp: Literal["swiglu", "gelu"] = Field("swiglu", description="swiglu: the size's 2/3-adjusted hidden width; gelu: 4 x width hidden (the same FLOPs)")
     abs_pos: bool = Field(False, description="also add fixed 2-D sin-cos positions to the patch tokens (RoPE alone gives attention only relative ones)")
+    pixel_head: int = Field(0, ge=0, le=256, description="0: the final layer writes each patch's pixels; C > 0: C channels per pixel, then a 3x3 conv across patch seams (docs/ablations.md)")
     prediction: Literal["v", "x"] = Field("v", description="v: the network outputs the velocity; x: it outputs the clean image and the velocity is derived from it (JiT), docs/ablations.md")
     text_encoder: TextEncoderConfig = TextEncoderConfig()
     reference: ReferenceConfig = ReferenceConfig()
