@@ -49,7 +49,7 @@ class DiTConfig:
     mlp: Literal["swiglu", "gelu"] = "swiglu"
     abs_pos: bool = False  # add fixed 2-D sin-cos positions to the patch tokens (besides RoPE)
     prediction: Literal["v", "x"] = "v"  # x: the head outputs the clean image; forward still returns the velocity
-    pixel_head: int = 0  # >0: the final layer gives this many channels per pixel, and a 3x3 conv across patch seams the output
+    pixel_head: int = 0  # >0: the final layer gives this many channels per pixel and a 3x3 conv across the patch seams makes the output
 
     def __post_init__(self) -> None:
         if self.modulation == "none" and not self.timestep_tokens:
