@@ -90,7 +90,8 @@ def test_swiglu_uses_the_two_thirds_width_convention():
     assert torch.allclose(mlp(x), mlp.down(torch.nn.functional.silu(gate) * up))
 
 
-def test_swiglu_gradient_matches_autograd_through_chunk_and_silu():
+def test_swiglu_gradient_is_bit_identical_to_autograd_through_chunk_and_silu():
+    """The hand-written backward is a speed change only: checkpoints trained before it stay reproducible."""
     mlp = SwiGLU(16, 32)
     x1 = torch.randn(3, 5, 16, requires_grad=True)
     x2 = x1.detach().clone().requires_grad_(True)
@@ -101,4 +102,4 @@ def test_swiglu_gradient_matches_autograd_through_chunk_and_silu():
     gate, up = mlp.gate_up(x2).chunk(2, dim=-1)
     (mlp.down(torch.nn.functional.silu(gate) * up) * g).sum().backward()
     for a, b in zip(grads1, [x2.grad] + [p.grad for p in mlp.parameters()], strict=True):
-        assert torch.allclose(a, b, atol=1e-6)
+        assert torch.equal(a, b)
