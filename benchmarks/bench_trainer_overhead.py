@@ -1,8 +1,8 @@
 """The full trainer's step rate against a minimal PyTorch loop on the same model and batches.
 
 The reference is the loop a user would write by hand, in its best configuration on this machine: the same
-Generator, text embeddings computed once up front, batches already in memory, AdamW, the flow loss,
-backward, clip, step, and nothing else; torch uses every core. kiln is `training.trainer.train` as the demo
+Generator, text embeddings computed once up front, batches already in memory, AdamW, the flow loss (plus the
+REPA term when `train.repa` is on, as in the demo), backward, clip, step, and nothing else; torch uses every core. kiln is `training.trainer.train` as the demo
 runs it (data stream, read-ahead, telemetry, LR schedule, the exported checkpoint), once per
 `train.loader_workers` setting. Steady-state step time is the median over the steps after a warm-up;
 start-up (config to the first step: model build, text-embedding cache) and the export are reported apart.
@@ -40,10 +40,15 @@ def synthetic_pack(folder: Path, rows: int, cfg: KilnConfig) -> Path:
 
 
 def minimal_loop(data: Path, cfg: KilnConfig, steps: int) -> dict:
-    """The hand-written reference: every step is model work only."""
+    """The hand-written reference: every step is model work only. It trains the same objective as the trainer:
+    with `train.repa` on (the demo's default), the flow loss plus the REPA term through the same projector and
+    teacher, whose targets it computes up front like the text embeddings (so its steps never pay a teacher
+    cache miss: its best configuration)."""
+    from model.autoencoder import from_uint8_nhwc
     from model.flow import interpolate, velocity_target
     from training.data import TrainSet
     from training.objective import sample_timesteps
+    from training.repa import build_repa, repa_active
     from training.trainer import init_generator
 
     tc = cfg.train
@@ -56,6 +61,12 @@ def minimal_loop(data: Path, cfg: KilnConfig, steps: int) -> dict:
     with torch.no_grad():  # the frozen encoder's output, once per batch, as the trainer's text cache does
         texts = [gen.encode_text(list(b.captions)) for b in batches]
     opt = torch.optim.AdamW([p for p in gen.parameters() if p.requires_grad], lr=tc.lr, weight_decay=tc.weight_decay)
+    repa = build_repa(gen, tc.repa, tc.parallel, torch.device("cpu")) if repa_active(tc.repa, 0) else None
+    if repa is not None:
+        repa_opt = repa.make_optimizer(None, tc)
+        images = [from_uint8_nhwc(b.pixels) for b in batches]
+        for im in images:
+            repa.teacher(im)  # every target computed (and cached) before the first step
     rng = torch.Generator().manual_seed(tc.seed)
     gen.train()
     startup = time.perf_counter() - started
@@ -67,10 +78,15 @@ def minimal_loop(data: Path, cfg: KilnConfig, steps: int) -> dict:
         t = sample_timesteps(x0.shape[0], rng, tc.timestep_mean, tc.timestep_std, 1.0, "cpu")
         eps = torch.randn(x0.shape, generator=rng)
         loss = F.mse_loss(gen(interpolate(x0, eps, t), t, text), velocity_target(x0, eps))
+        if repa is not None:
+            loss = loss + tc.repa.weight * repa.loss(images[i], tuple(x0.shape[-2:]))
+            repa_opt.zero_grad(set_to_none=True)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(gen.parameters(), tc.grad_clip)
         opt.step()
+        if repa is not None:
+            repa_opt.step()
         seconds.append(time.perf_counter() - t0)
     return {"startup_s": startup, "step_s": statistics.median(seconds[WARMUP:]), "total_s": time.perf_counter() - started}
 
