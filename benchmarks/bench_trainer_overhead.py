@@ -4,11 +4,12 @@ The reference is the loop a user would write by hand, in its best configuration 
 Generator, text embeddings computed once up front, batches already in memory, AdamW, the flow loss (plus the
 REPA term when `train.repa` is on, as in the demo), backward, clip, step, and nothing else; torch uses every
 core. kiln is `training.trainer.train` as the demo runs it (data stream, read-ahead, telemetry, LR schedule,
-the exported checkpoint), once per `train.loader_workers` setting. Steady-state step time is the median over the steps after a warm-up;
-start-up (config to the first step: model build, text-embedding cache) and the export are reported apart.
-Runs are interleaved (ref, kiln w0, kiln w1, ref, ...) so a noisy machine hits them alike, and each runs in a
-fresh process, so none inherits another's allocator state (in one process the later runs were 10% slower);
-the figure that matters is ref / kiln, the share of the minimal loop's rate the trainer keeps.
+the exported checkpoint), once per `train.loader_workers` setting. Steady-state step time is the median over
+the steps after a warm-up; start-up (config to the first step: model build, text-embedding cache) and the
+export are reported apart. Runs are interleaved (ref, kiln w0, kiln w1, ref, ...) so a noisy machine hits them
+alike, and each runs in a fresh process, so none inherits another's allocator state (in one process the later
+runs were 10% slower); the figure that matters is ref / kiln, the share of the minimal loop's rate the trainer
+keeps.
 
     .venv/bin/python benchmarks/bench_trainer_overhead.py [--steps 60 --repeats 3 --data PACK] [overrides ...]
 """
