@@ -1,5 +1,5 @@
 # The two set-up commands of the README, plus conveniences. Each target bootstraps what it needs.
-.PHONY: demo test lint env system-deps ui repro clean
+.PHONY: demo test test-fast lint format env system-deps ui repro clean
 
 env:
 	@scripts/bootstrap.sh
@@ -12,9 +12,21 @@ demo: env
 test: env system-deps
 	.venv/bin/pytest
 
-# The linter CI runs before the tests: its rules are [tool.ruff] in pyproject.toml.
+# The unit lane, for every change: no service, no long run, two processes (under 3 minutes on 2 cores).
+FAST = not slow and not integration and not slurm and not postgres and not s3 and not distributed and not gpu and not browser
+test-fast: env
+	.venv/bin/pytest -m "$(FAST)" -n 2
+
+# The linters CI runs before the tests: ruff's rules and format ([tool.ruff]) and the import layers
+# ([tool.importlinter]) in pyproject.toml.
 lint: env
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+	.venv/bin/lint-imports
+
+format: env
+	.venv/bin/ruff check --fix .
+	.venv/bin/ruff format .
 
 system-deps:
 	@scripts/system-deps.sh

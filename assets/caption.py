@@ -73,7 +73,7 @@ def make_captioner(cfg: CaptionConfig) -> Captioner:
     if cfg.captioner == "scene_metadata":
         return SceneMetadataCaptioner(cfg.truth)
     if cfg.captioner == "vlm":
-        from assets.vlm import VLMCaptioner
+        from components.vlm import VLMCaptioner
 
         return VLMCaptioner.from_config(cfg)
     raise ValueError(f"unknown captioner {cfg.captioner!r}")

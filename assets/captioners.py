@@ -1,7 +1,7 @@
 """The `caption_ocr` stage: captions that see the OCR text, each stored with how it was produced
 (`caption_decoding`). It runs after the OCR stage, through the `Captioner` interface of assets.caption.
 
-- A VLM captioner (assets.vlm.VLMCaptioner) is prompted with the OCR text itself.
+- A VLM captioner (components.vlm.VLMCaptioner) is prompted with the OCR text itself.
 - `OCRGroundedCaptioner`: wraps a captioner that cannot read (the demo's scene-metadata lookup) and
   adds the OCR'd text where its caption does not already quote it; named for both halves.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from assets.caption import Captioner, caption_rows, make_captioner
-from assets.vlm import VLMCaptioner
+from components.vlm import VLMCaptioner
 from kiln.config import KilnConfig
 from kiln.schemas import OCR_CAPTIONED, OCRED
 from kiln.stage import Stage, StageOutput

@@ -10,10 +10,10 @@ bottom-up build because on the demo it keeps the top level aligned with the scen
 Each cluster is named by a `Namer` from the rows nearest its centroid (captions for the demo; a VLM
 elsewhere). Clusters of the review level that are flagged (all, or outliers: small or loose ones)
 are written to a review table in DuckDB (`cluster_review`), where a person marks each one approve or
-reject, from `kiln review` (kiln/review.py, which holds the table) or by editing it. The stage honours those decisions on its next
+reject, from `kiln review` (assets/cluster_review.py, which holds the table) or by editing it. The stage honours those decisions on its next
 run: every row of a rejected cluster is rejected with `cluster_rejected`, so it disappears from the
 next training set with the reason recorded. A decision sticks to the cluster whose centroid it was
-made on (cosine >= kiln.review.CENTROID_MATCH); when re-clustering moves a centroid, the cluster goes back to
+made on (cosine >= assets.cluster_review.CENTROID_MATCH); when re-clustering moves a centroid, the cluster goes back to
 pending instead of silently inheriting a verdict about other images.
 """
 
@@ -26,12 +26,13 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import pyarrow as pa
 
-from assets.embed import l2_normalise, matrix
+from assets.cluster_review import sync_review
+from assets.embed import matrix
 from kiln.config import ClusteringConfig, KilnConfig
 from kiln.reasons import Reason
-from kiln.review import sync_review
 from kiln.schemas import CLUSTERED, EMBEDDED
 from kiln.stage import Rejects, Stage, StageOutput
+from model.image_encoders import l2_normalise
 
 
 # ----------------------------------------------------------------------------------------- k-means
@@ -126,7 +127,7 @@ def make_namer(cfg: KilnConfig) -> Namer:
 
         return CaptionNamer(make_captioner(cfg.data.caption))
     if c.namer == "vlm":
-        from assets.vlm import GenerationSettings, VLMCaptioner
+        from components.vlm import GenerationSettings, VLMCaptioner
 
         if not c.namer_vlm_path:
             raise ValueError("data.clustering.namer=vlm needs data.clustering.namer_vlm_path (a local model + processor folder)")
@@ -266,7 +267,7 @@ def balanced_sample(table: pa.Table, n: int, seed: int = 0) -> pa.Table:
 
 def cluster_grid(table: pa.Table, level: int, cluster: int, n: int = 16, cell: int = 64, cols: int = 8):
     """The cluster's rows nearest its centroid as one image grid (for Dagster metadata and review)."""
-    from assets.imageio import open_rgb
+    from kiln.imageio import open_rgb
     from kiln.uri import read_bytes
     from kiln.viz import image_grid
 

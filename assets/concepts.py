@@ -164,5 +164,10 @@ def write_coverage(pool_folder: Path | str, out: Path | str, cfg: ConceptConfig)
     return cov.report
 
 
+def coverage_of(rewritten: Path, out: Path, cfg) -> dict:
+    """`kiln coverage` (the `coverage` node): `write_coverage` under the config's `data.concepts`."""
+    return write_coverage(rewritten, out, cfg.data.concepts)
+
+
 def read_weights(out: Path | str) -> pa.Table:
     return pq.read_table(Path(out) / "weights.parquet")

@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image
 
 from assets.hashes import PHASH_INPUT, colorhash64, phash12
-from assets.imageio import open_header, to_rgb, upright
+from kiln.imageio import open_header, to_rgb, upright
 from kiln.reasons import detail_of
 
 WHITE_LEVEL = 240  # a pixel is white when all three channels reach this

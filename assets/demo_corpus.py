@@ -1,7 +1,7 @@
 """The demo corpus: raw image files with ground truth, so every data stage can be checked against it.
 
 `write_demo_corpus(out, n, seed)` writes `out/images/<shard>/<index>.<ext>` and `out/truth.parquet`.
-Most files are procedural scenes (`assets.demo_scenes`) with captions known by construction, a few
+Most files are procedural scenes (`components.demo_scenes`) with captions known by construction, a few
 are real photographs shipped inside scikit-image, and about a fifth are bad or tricky inputs, each
 with the reason code (`kiln.reasons.Reason`) the pipeline is expected to give it.
 
@@ -31,7 +31,7 @@ import pyarrow as pa
 from PIL import Image
 from pydantic import BaseModel
 
-from assets.demo_scenes import Scene, caption_for, recolor, render, sample_scene
+from components.demo_scenes import Scene, caption_for, recolor, render, sample_scene
 from kiln.reasons import Reason
 from kiln.schemas import arrow_schema
 from kiln.stage import write_table
@@ -487,6 +487,13 @@ def write_demo_corpus(out: Path, n: int, seed: int, size: int = 96) -> pa.Table:
     write_table(table, out / "truth.parquet")
     (out / "demo.json").write_text(demo_stamp(n, seed, size))
     return table
+
+
+def demo_data(out: Path, cfg, n: int | None = None, seed: int | None = None) -> str:
+    """`kiln demo-data` (the DVC stage `demo_corpus`): the corpus `data.demo` describes, or `n` / `seed` given."""
+    d = cfg.data.demo
+    truth = write_demo_corpus(Path(out), n=d.n if n is None else n, seed=d.seed if seed is None else seed, size=d.size)
+    return f"wrote {truth.num_rows} files under {Path(out) / 'images'}; truth in {Path(out) / 'truth.parquet'}"
 
 
 def demo_stamp(n: int, seed: int, size: int) -> str:

@@ -16,8 +16,8 @@ from collections.abc import Callable
 import pyarrow as pa
 
 from assets.decode import DecodeFailure, Measures, UnsupportedFormat, aspect_of, measure
-from assets.imageio import open_header
 from kiln.config import FilterConfig, KilnConfig
+from kiln.imageio import open_header
 from kiln.reasons import Reason, detail_of
 from kiln.schemas import FILTERED, MANIFEST
 from kiln.stage import Rejects, Stage, StageOutput

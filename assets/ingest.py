@@ -23,9 +23,9 @@ from typing import BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from assets.imageio import exif_orientation, open_header
 from assets.source import CARRIED, LISTING, as_listing, is_listing, list_source, uri_id
 from kiln.config import IngestConfig, KilnConfig
+from kiln.imageio import exif_orientation, open_header
 from kiln.reasons import Reason, detail_of
 from kiln.schemas import MANIFEST
 from kiln.stage import Rejects, Stage, StageOutput

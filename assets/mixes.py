@@ -130,3 +130,9 @@ def write_mixes(pool_folder: Path | str, out: Path | str, cfg: MixConfig, weight
         meta[name] = info
     (out / "mixes.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return meta
+
+
+def mixes_of(rewritten: Path, weights: Path | None, out: Path, cfg) -> dict:
+    """`kiln mixes` (the `mixes` node): `write_mixes` under the config's `data.mixes`, sampling by `weights`
+    (the coverage node's weights.parquet) when given."""
+    return write_mixes(rewritten, out, cfg.data.mixes, weights)

@@ -25,8 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pac
 from PIL import Image
 
-from assets.imageio import open_rgb
 from kiln.config import KilnConfig
+from kiln.imageio import open_rgb
 from kiln.progress import log
 from kiln.reasons import Reason
 from kiln.sampling import FORMS, dump_forms

@@ -10,40 +10,15 @@ nothing to drop is rejected (`no_prompt`).
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 
 import pyarrow as pa
 
-from assets.rewrite import clauses, split_tail
+from components.rule_text import make_prompt
 from kiln.config import KilnConfig
 from kiln.reasons import Reason
 from kiln.schemas import PROMPT_PAIRS, REWRITTEN
 from kiln.stage import Rejects, Stage, StageOutput
-
-SIZE_WORDS = frozenset(["small", "large", "big", "tiny", "huge", "little", "giant"])
-
-
-def _draw(seed: int, row_id: str, k: int) -> float:
-    return int.from_bytes(hashlib.sha1(f"{seed}:{row_id}:{k}".encode()).digest()[:8], "big") / 2**64
-
-
-def make_prompt(caption: str, row_id: str, drop: float, seed: int = 0) -> tuple[str, list[str]]:
-    """(prompt, dropped details) for one long caption."""
-    cl = clauses(caption) or [caption]
-    head, tail = split_tail(cl[0])
-    words = head.split()
-    candidates = [("clause", c) for c in cl[1:]] + ([("tail", tail)] if tail else []) + [("size", w) for w in words if w.lower() in SIZE_WORDS]
-    dropped = [c for k, c in enumerate(candidates) if _draw(seed, row_id, k) < drop]
-    if not dropped and candidates:  # a pair must leave something out; drop the last detail
-        dropped = [candidates[-1]]
-    gone = {(kind, text) for kind, text in dropped}
-    kept_words = [w for w in words if ("size", w) not in gone]
-    prompt = " ".join(kept_words) + ("" if ("tail", tail) in gone or not tail else f" {tail}")
-    rest = [c for c in cl[1:] if ("clause", c) not in gone]
-    prompt = ", ".join([prompt.strip(), *rest])
-    return re.sub(r"\s+", " ", prompt).strip(), [text for _, text in dropped]
 
 
 def prompt_pair_rows(table: pa.Table, drop: float, seed: int = 0, stage: str = "prompt_pairs") -> StageOutput:

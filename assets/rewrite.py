@@ -1,7 +1,7 @@
 """The rewrite stage: each long caption into short, medium, tag-list and JSON forms, all stored on every row.
 
 Training then draws one form per sample per epoch with configured probabilities (kiln.sampling.pick_form, in
-the loader, training/data.py), so that the model learns both from dense descriptions and from the terse
+the loader, training/core/data.py), so that the model learns both from dense descriptions and from the terse
 prompts people type.
 
 Two rewriters behind one interface (`Rewriter.rewrite(captions, ocr_texts) -> list[Forms]`):
@@ -16,32 +16,19 @@ silently.
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import asdict, dataclass
-from functools import lru_cache
+from dataclasses import asdict
 from typing import Protocol
 
 import pyarrow as pa
 
-from assets.vlm import GenerationSettings, seed_everything
+from components.llm import load_llm
+from components.rule_text import Forms, compose_json, rule_forms
+from components.vlm import GenerationSettings, seed_everything
 from kiln.config import KilnConfig, RewriteConfig
 from kiln.reasons import Reason
 from kiln.sampling import FORMS  # shared with training, which draws the forms
 from kiln.schemas import OCR_CAPTIONED, REWRITTEN
 from kiln.stage import Rejects, Stage, StageOutput
-
-PREPOSITIONS = frozenset(["on", "at", "in", "with", "under", "over", "behind", "beside", "near"])
-STOPWORDS = frozenset(["a", "an", "the", "of", "on", "in", "at", "to", "with", "and", "or", "is", "are", "its", "it", "this", "that", "there", "which", "by", "for", "from", "as"])
-
-
-@dataclass(frozen=True)
-class Forms:
-    short: str
-    medium: str
-    long: str
-    tags: str
-    json: str
-    json_origin: str = "composed"  # "generated" when the LLM's own JSON answer parsed
 
 
 class Rewriter(Protocol):
@@ -51,46 +38,14 @@ class Rewriter(Protocol):
     def rewrite(self, captions: list[str], ocr_texts: list[str]) -> list[Forms]: ...
 
 
-# ---------------------------------------------------------------------------------------------- rules
-def clauses(caption: str) -> list[str]:
-    """Top-level comma clauses; commas inside quotes (OCR'd text) do not split."""
-    parts = re.split(r',\s*(?=(?:[^"]*"[^"]*")*[^"]*$)', caption.strip())
-    return [p.strip() for p in parts if p.strip()]
 
 
-def split_tail(clause: str) -> tuple[str, str]:
-    """'a large red circle on the left' -> ('a large red circle', 'on the left'); quoted text never splits."""
-    words = clause.split()
-    for i, w in enumerate(words[1:], start=1):
-        if w.lower() in PREPOSITIONS and '"' not in " ".join(words[i:]):
-            return " ".join(words[:i]), " ".join(words[i:])
-    return clause, ""
 
 
-def tag_list(caption: str, ocr_text: str = "") -> list[str]:
-    """Quoted text first (as written), then content words in order of appearance, each once."""
-    quoted = re.findall(r'"([^"]+)"', caption)
-    words = re.findall(r"[a-z0-9]+", re.sub(r'"[^"]*"', " ", caption.lower()))
-    tags = quoted + [w for w in words if w not in STOPWORDS and not w.isdigit()]
-    tags += [line for line in ocr_text.splitlines() if line.strip()]
-    seen: dict[str, None] = {}
-    for t in tags:
-        seen.setdefault(t.strip(), None)
-    return [t for t in seen if t]
 
 
-def compose_json(long: str, short: str, tags: list[str], ocr_text: str) -> str:
-    cl = clauses(long)
-    obj = {"caption": long, "subject": cl[0] if cl else short, "details": cl[1:], "text": ocr_text.splitlines() or None, "tags": tags}
-    return json.dumps(obj, sort_keys=True, ensure_ascii=False)
 
 
-def rule_forms(caption: str, ocr_text: str, short_words: int) -> Forms:
-    cl = clauses(caption) or [caption]
-    short = " ".join(split_tail(cl[0])[0].split()[:short_words])  # the subject, without where it is
-    medium = ", ".join(cl[: max(1, len(cl) - 1)])  # everything but the last clause (usually the background)
-    tags = tag_list(caption, ocr_text)
-    return Forms(short, medium, caption.strip(), ", ".join(tags), compose_json(caption.strip(), short, tags, ocr_text))
 
 
 class RuleRewriter:
@@ -113,16 +68,6 @@ INSTRUCTIONS = {
 }
 
 
-@lru_cache(maxsize=2)
-def load_llm(path: str):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(path)
-    tok.padding_side = "left"
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), tok
 
 
 def parse_json_object(text: str) -> str | None:

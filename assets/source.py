@@ -524,3 +524,11 @@ def write_listing(cfg, out: Path, raw: Path) -> dict:
     write_table(listing, out / "listing.parquet")
     (out / "source.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     return report
+
+
+def source_listing(out: Path, cfg, raw: Path | None = None) -> dict:
+    """`kiln source` (the `raw_images` node): the listing under `out`; `raw`, where `source: demo` writes the
+    demo corpus (default: data/raw)."""
+    from kiln.paths import artifact
+
+    return write_listing(cfg, Path(out), Path(raw) if raw else artifact("raw"))

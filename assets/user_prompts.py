@@ -13,13 +13,12 @@ Two writers behind one interface (`PromptWriter.write(prompts, styles, targets, 
 
 Distribution shaping: every row carries a `sampling_weight` = (1 + richness_weight x richness) x
 (1 + photo_bias if the target is photographic), richness = the target's content words / richness_cap, capped
-at 1. The expander's SFT draws its batches with these weights (training/expander.py). A row whose writer
+at 1. The expander's SFT draws its batches with these weights (training/expander/sft.py). A row whose writer
 wrote nothing is rejected (`no_prompt`), never dropped.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -27,51 +26,20 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from assets.prompt_pairs import make_prompt
-from assets.rewrite import tag_list
+from components.rule_text import STYLES, draw, make_prompt, pick_style, rule_prompt, tag_list
 from kiln.config import KilnConfig, UserPromptConfig
 from kiln.reasons import Reason
 from kiln.schemas import PROMPT_PAIRS, USER_PROMPTS
 from kiln.stage import Rejects, Stage, StageOutput
 
-STYLES = ("terse", "conversational", "instruction")
 PHOTOGRAPHIC = re.compile(
     r"\b(photo|photos|photograph\w*|photoreal\w*|camera|lens|dslr|bokeh|shot on|35mm)\b",
     re.IGNORECASE,
 )
-TERSE_DROP = frozenset(["a", "an", "the", "on", "at", "in", "of", "with"])
-TEMPLATES = {
-    "conversational": (
-        "can you make me {p}?",
-        "i'd like a picture of {p}, please",
-        "hey, show me {p}",
-    ),
-    "instruction": (
-        "Generate an image of {p}.",
-        "Draw {p}.",
-        "Create a picture showing {p}.",
-    ),
-}
 
 
-def draw(seed: int, row_id: str, what: str) -> float:
-    """A uniform draw in [0, 1) that is a pure function of (seed, row, what): the stage reproduces."""
-    return (
-        int.from_bytes(
-            hashlib.sha1(f"{seed}:{row_id}:{what}".encode()).digest()[:8], "big"
-        )
-        / 2**64
-    )
 
 
-def pick_style(styles: dict[str, float], seed: int, row_id: str) -> str:
-    names = [s for s in STYLES if styles.get(s, 0) > 0]
-    total, u, acc = sum(styles[s] for s in names), draw(seed, row_id, "style"), 0.0
-    for s in names:
-        acc += styles[s] / total
-        if u < acc:
-            return s
-    return names[-1]
 
 
 def sampling_weight(target: str, cfg: UserPromptConfig) -> float:
@@ -101,20 +69,8 @@ class PromptWriter(Protocol):
     ) -> list[Written]: ...
 
 
-# ---------------------------------------------------------------------------------------------- rules
-def terse(prompt: str) -> str:
-    """'a large red circle on the left, on a blue background' -> 'large red circle left, blue background'."""
-    words = [
-        w for w in prompt.replace(",", " , ").split() if w.lower() not in TERSE_DROP
-    ]
-    return re.sub(r"\s+,", ",", " ".join(words)).strip(" ,")
 
 
-def rule_prompt(prompt: str, style: str, seed: int) -> str:
-    if style == "terse":
-        return terse(prompt)
-    options = TEMPLATES[style]
-    return options[seed % len(options)].format(p=prompt)
 
 
 def rule_thinking(prompt: str, dropped: list[str]) -> str:
@@ -158,7 +114,7 @@ class LLMPromptWriter:
     """Any HF causal LM by local path (the rewriter's loader and seeding); settings recorded on every row."""
 
     def __init__(self, path: str, cfg: UserPromptConfig):
-        from assets.rewrite import load_llm
+        from components.llm import load_llm
 
         self.path, self.cfg = path, cfg
         self.model, self.tokenizer = load_llm(path)

@@ -35,8 +35,8 @@ from PIL import Image  # noqa: E402
 
 from assets.decode import measure  # noqa: E402
 from assets.filters import filter_row  # noqa: E402
-from assets.imageio import open_header  # noqa: E402
 from kiln.config import FilterConfig  # noqa: E402
+from kiln.imageio import open_header  # noqa: E402
 
 
 def photo_like(seed: int, width: int, height: int | None = None) -> bytes:

@@ -2,7 +2,7 @@
 
 A variant is a name and Hydra overrides (train.*, model.*, data.rewrite.form_probs, ...). Each is trained
 with the real trainer on one packed set and scored with one protocol: the 12 demo prompts plus 36 grammar
-prompts none of which is one of them (training.rubric.demo_rl_prompts, a seed apart from the evaluation's),
+prompts none of which is one of them (training.evaluation.rubric.demo_rl_prompts, a seed apart from the evaluation's),
 `--n` images each on a noise seed no evaluation uses, judged by the demo's pixel checker. The table gives
 every attribute, "all attributes right", the training steps and the training seconds, so a lever that buys
 quality by spending more time than the budget shows it. Sampler settings (steps, CFG, inference shift)
@@ -35,10 +35,10 @@ def score_checkpoint(checkpoint: Path, overrides: list[str], n: int, steps: int,
 
     from kiln.config import TrainConfig, load_config
     from model.generator import Generator
-    from training.checkpoint import read_train_state
-    from training.evaluate import eval_rubric
-    from training.rubric import demo_rl_prompts, rubric_scores
-    from training.sampling import checkpoint_resolution, generate, sampling_shift
+    from training.core.checkpoint import read_train_state
+    from training.evaluation.evaluate import eval_rubric
+    from training.evaluation.rubric import demo_rl_prompts, rubric_scores
+    from training.evaluation.sampling import checkpoint_resolution, generate, sampling_shift
 
     cfg = load_config(overrides)
     torch.set_num_threads(cfg.train.threads or torch.get_num_threads())
@@ -56,7 +56,7 @@ def score_checkpoint(checkpoint: Path, overrides: list[str], n: int, steps: int,
 
 def train_variant(data: Path, out: Path, overrides: list[str]) -> float:
     from kiln.config import load_config
-    from training.trainer import train
+    from training.core.trainer import train
 
     started = time.perf_counter()
     train(data, out, load_config(overrides), overwrite=True)

@@ -21,8 +21,8 @@ import numpy as np
 
 def win_rate(policy_ckpt: Path, reference_ckpt: Path, cfg, prompts, n: int, seed: int) -> dict:
     from model.generator import Generator
-    from training.rewards import make_reward_mix
-    from training.sampling import checkpoint_resolution, generate, sampling_shift
+    from training.evaluation.rewards import make_reward_mix
+    from training.evaluation.sampling import checkpoint_resolution, generate, sampling_shift
 
     mix = make_reward_mix(cfg.post)
     scores = {}
@@ -46,9 +46,9 @@ def curves(history: Path, png: Path) -> None:
 
 def main() -> None:
     from kiln.config import load_config
-    from training.dpo_train import dpo
-    from training.pairs import make_pairs
-    from training.rubric import demo_rl_prompts
+    from training.evaluation.rubric import demo_rl_prompts
+    from training.post.dpo import dpo
+    from training.post.pairs import make_pairs
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--checkpoint", default="data/checkpoint")

@@ -4,7 +4,7 @@ SFT and after RL (GDPO).
 From the demo's `rewritten` captions (run `make demo` first): prompt pairs -> rule-written user prompts ->
 expander SFT (the tiny word-level LM of conf/expander/demo.yaml) -> RL with faithfulness, image (the demo
 DiT `checkpoint` + the pixel judge on the short prompt's requirements) and diversity rewards. Both expanders
-are evaluated on the evaluation's 12 held-out prompts made short (training/expander_eval.py): faithfulness of
+are evaluated on the evaluation's 12 held-out prompts made short (training/expander/evaluate.py): faithfulness of
 the greedy expansion, prompt following of the DiT fed the short prompt vs the expansion (same noise), and
 the image-embedding spread of `group` sampled expansions per prompt. Prints one JSON line.
 
@@ -25,9 +25,9 @@ def main() -> None:
     from assets.user_prompts import user_prompts_stage
     from kiln.config import load_config
     from kiln.stage import read_dataset
-    from training.expander import train_sft
-    from training.expander_eval import evaluate_expander
-    from training.expander_rl import train_rl
+    from training.expander.evaluate import evaluate_expander
+    from training.expander.rl import train_rl
+    from training.expander.sft import train_sft
 
     ap = argparse.ArgumentParser()
     ap.add_argument(

@@ -3,7 +3,7 @@
 Starts from the demo's `checkpoint` (run `make demo` first), runs `kiln grpo`'s loop with the demo rubric
 (the pixel checker, a stand-in judge) on prompts drawn from the scene grammar, and measures prompt
 following on the evaluation's 12 prompts, whose attribute combinations RL never sees
-(training.rubric.demo_rl_prompts excludes them). Reference: the starting checkpoint under the same
+(training.evaluation.rubric.demo_rl_prompts excludes them). Reference: the starting checkpoint under the same
 evaluation (same prompts, seeds, sampler steps), with CFG at the evaluation's scale and without CFG (RL
 trains without it). Prints one JSON line.
 
@@ -22,10 +22,10 @@ import numpy as np
 
 
 def following(checkpoint: Path, cfg, n: int, seed: int, cfg_scale: float) -> dict[str, float]:
-    from assets.demo_scenes import demo_prompts
+    from components.demo_scenes import demo_prompts
     from model.generator import Generator
-    from training.prompt_check import accuracy, expected_from_specs
-    from training.sampling import checkpoint_resolution, generate, sampling_shift
+    from training.evaluation.prompt_check import accuracy, expected_from_specs
+    from training.evaluation.sampling import checkpoint_resolution, generate, sampling_shift
 
     gen = Generator.from_pretrained(checkpoint)
     h, w = checkpoint_resolution(checkpoint, cfg)
@@ -38,7 +38,7 @@ def following(checkpoint: Path, cfg, n: int, seed: int, cfg_scale: float) -> dic
 
 def main() -> None:
     from kiln.config import load_config
-    from training.grpo_train import grpo
+    from training.post.grpo import grpo
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--checkpoint", default="data/checkpoint")

@@ -24,7 +24,7 @@ from pathlib import Path
 def main() -> None:
     from kiln.config import load_config
     from kiln.ladder import FINAL, MERGED, domain_rungs
-    from training.domains import domain_scores
+    from training.post.domains import domain_scores
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default="data")

@@ -22,6 +22,7 @@ os.environ.setdefault("KILN_PROGRESS", "0")
 
 import kiln.warehouse as wh  # noqa: E402
 from kiln.config import KilnConfig, load_config  # noqa: E402
+from kiln.databases import connect as db_connect
 from kiln.warehouse import postgres as pg  # noqa: E402
 from kiln.warehouse.local import local_postgres_dsn  # noqa: E402
 from kiln.warehouse.probes import FILTERLIKE, NOOP, probe_rows  # noqa: E402
@@ -30,7 +31,7 @@ TABLE = "bench_queue"
 
 
 def run_once(dsn: str, stage, rows, workers: int, batch_size: int, cfg: KilnConfig, table: str = TABLE) -> dict:
-    with pg.connect(dsn) as conn:
+    with db_connect(dsn) as conn:
         pg.drop_job(conn, table, stage.name)
     handle = wh.map(stage, rows, dsn=dsn, workers=0, table=table, batch_size=batch_size, cfg=cfg)
     t0 = time.time()

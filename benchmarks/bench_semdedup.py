@@ -96,8 +96,8 @@ def main() -> None:
 
     import torch
 
-    from assets.demo_scenes import render, sample_scene
-    from assets.embed import ClassicalEmbedder
+    from components.demo_scenes import render, sample_scene
+    from model.image_encoders import ClassicalEmbedder
 
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 def main() -> None:
     from kiln.config import load_config
-    from training.style_eval import evaluate_style_checkpoint
-    from training.style_train import style_train
+    from training.style.evaluate import evaluate_style_checkpoint
+    from training.style.train import style_train
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--checkpoint", default="data/checkpoint", help="a demo checkpoint (with or without the reference pathway)")

@@ -2,7 +2,7 @@
 
 Starts from the demo's `checkpoint` (run `make demo` first), distils it with `kiln distill`'s loop
 (post.distill.*), then scores three samplers under the evaluation's prompt following
-(training.evaluate.prompt_following: the 12 demo prompts, the demo rubric judged by the pixel checker, the
+(training.evaluation.evaluate.prompt_following: the 12 demo prompts, the demo rubric judged by the pixel checker, the
 evaluation's noise seed) with `--eval-n` images per prompt:
 
     teacher_50   the teacher, 50 Euler steps, CFG at train.sample.cfg_scale (2 NFE a step)
@@ -39,8 +39,8 @@ def score(checkpoint: Path, cfg, steps: int, cfg_scale: float, n: int, time_n: i
     """Prompt following (per attribute, `all`, and the attribute mean) and seconds per image of one sampler
     (timed on `time_n` images generated again after a warm-up)."""
     from model.generator import Generator
-    from training.evaluate import eval_rubric, prompt_following
-    from training.sampling import checkpoint_resolution, generate, sampling_shift
+    from training.evaluation.evaluate import eval_rubric, prompt_following
+    from training.evaluation.sampling import checkpoint_resolution, generate, sampling_shift
 
     gen = Generator.from_pretrained(checkpoint)
     h, w = checkpoint_resolution(checkpoint, cfg)
@@ -61,8 +61,8 @@ def score(checkpoint: Path, cfg, steps: int, cfg_scale: float, n: int, time_n: i
 
 def main() -> None:
     from kiln.config import load_config
-    from training.sampling import read_sampler_settings
-    from training.tdm_train import distill
+    from training.evaluation.sampling import read_sampler_settings
+    from training.post.distill import distill
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--checkpoint", default="data/checkpoint")

@@ -3,7 +3,7 @@
 The reference is the loop a user would write by hand, in its best configuration on this machine: the same
 Generator, text embeddings computed once up front, batches already in memory, AdamW, the flow loss (plus the
 REPA term when `train.repa` is on, as in the demo), backward, clip, step, and nothing else; torch uses every
-core. kiln is `training.trainer.train` as the demo runs it (data stream, read-ahead, telemetry, LR schedule,
+core. kiln is `training.core.trainer.train` as the demo runs it (data stream, read-ahead, telemetry, LR schedule,
 the exported checkpoint), once per `train.loader_workers` setting. Steady-state step time is the median over
 the steps after a warm-up; start-up (config to the first step: model build, text-embedding cache) and the
 export are reported apart. Runs are interleaved (ref, kiln w0, kiln w1, ref, ...) so a noisy machine hits them
@@ -47,10 +47,10 @@ def minimal_loop(data: Path, cfg: KilnConfig, steps: int) -> dict:
     cache miss: its best configuration)."""
     from model.autoencoder import from_uint8_nhwc
     from model.flow import interpolate, velocity_target
-    from training.data import TrainSet
-    from training.objective import sample_timesteps
-    from training.repa import build_repa, repa_active
-    from training.trainer import init_generator
+    from training.core.data import TrainSet
+    from training.core.objective import sample_timesteps
+    from training.core.repa import build_repa, repa_active
+    from training.core.trainer import init_generator
 
     tc = cfg.train
     torch.set_num_threads(tc.threads or torch.get_num_threads())
@@ -93,8 +93,8 @@ def minimal_loop(data: Path, cfg: KilnConfig, steps: int) -> dict:
 
 
 def kiln_trainer(data: Path, cfg: KilnConfig, steps: int, workers: int, out: Path) -> dict:
-    from training.telemetry import read_metrics
-    from training.trainer import train
+    from training.core.telemetry import read_metrics
+    from training.core.trainer import train
 
     run = cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": steps, "loader_workers": workers, "log_every": 0, "holdout": 0})})
     started = time.perf_counter()

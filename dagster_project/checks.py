@@ -8,8 +8,9 @@ import dagster as dg
 import pyarrow.parquet as pq
 
 from assets.expectations import SuiteResult, validate_dataset
+from dagster_project.assets import GRAPH
 from dagster_project.resources import KilnResource
-from kiln.lineage import data_steps
+from kiln.registry import asset_of, data_steps
 from kiln.stage import Summary, shard_paths
 
 
@@ -56,5 +57,5 @@ def _expectations_check(key: str, suite: str) -> dg.AssetChecksDefinition:
     return _check
 
 
-checked = [(st.key, st.upstream, st.suite) for st in data_steps()]
+checked = [(n.key, asset_of(n.read_paths[0]), n.suite) for n in data_steps(GRAPH)]
 all_checks = [_accounting_check(key, upstream) for key, upstream, _ in checked] + [_expectations_check(key, suite) for key, _, suite in checked]

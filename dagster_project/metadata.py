@@ -24,7 +24,7 @@ def tile(uri: str, cell: int = 72):
     reject still gets its tile), a blank cell for "" (padding)."""
     from PIL import Image
 
-    from assets.imageio import open_rgb
+    from kiln.imageio import open_rgb
 
     if not uri:
         return Image.new("RGB", (cell, cell), (255, 255, 255))

@@ -22,7 +22,7 @@ import dagster as dg
 
 from kiln.progress import log
 from kiln.viz import markdown_image, svg_sparkline
-from training.plots import ema
+from training.core.plots import ema
 
 KEY_FIGURES = ("final_loss", "loss_curve", "samples", "tokens_per_s", "mfu", "train_set_version")
 ATTRIBUTES = ("color", "shape", "count", "position", "background")
@@ -119,8 +119,14 @@ def checkpoint_samples(out: Path, cfg, prompts: int = 4, per_prompt: int = 2) ->
     import torch
 
     from model.generator import Generator
-    from training.plots import sample_grid
-    from training.sampling import checkpoint_resolution, generate, read_prompts, read_sampler_settings, sampling_shift
+    from training.core.plots import sample_grid
+    from training.evaluation.sampling import (
+        checkpoint_resolution,
+        generate,
+        read_prompts,
+        read_sampler_settings,
+        sampling_shift,
+    )
 
     sc = cfg.train.sample
     texts = read_prompts(None)[:prompts]
@@ -188,7 +194,7 @@ def history_chart(eval_dir: Path) -> bytes | None:
     if not (eval_dir / "history.csv").exists():
         return None
     from kiln.viz import png_bytes
-    from training.eval_protocol import plot_history, read_history
+    from training.evaluation.protocol import plot_history, read_history
 
     rows = read_history(eval_dir / "history.csv")
     return png_bytes(plot_history(rows, None)) if rows else None

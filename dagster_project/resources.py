@@ -19,5 +19,9 @@ class KilnResource(dg.ConfigurableResource):
         """The composed config; `extra` overrides come after the resource's (a step's own inputs)."""
         return load_config([*self.overrides, *(extra or [])])
 
+    def config_of(self, node) -> KilnConfig:
+        """The config a node of the registry composes: these overrides, shaped by its rung (kiln.registry)."""
+        return load_config(node.overrides(list(self.overrides), self.data_dir))
+
     def path(self, name: str) -> Path:
         return Path(self.data_dir) / name

@@ -16,7 +16,7 @@ from pathlib import Path
 import dagster as dg
 
 from assets.source import check_source, source_uris
-from dagster_project.progress import QUIET_CONSOLE, kiln_progress_line
+from dagster_project.progress import QUIET_CONSOLE
 from dagster_project.resources import KilnResource
 from kiln.config import ConfigError
 from kiln.paths import data_dir
@@ -31,8 +31,8 @@ def dagster_home() -> Path:
 
 
 def job_for(select: list[str] | None, everything: bool, job: str | None = None) -> dg.JobDefinition:
-    """A job of the definitions (`main` by default, or `job`: post_training, training, ...), or an ad hoc job
-    over the same definitions: the named assets, or every asset."""
+    """A job of the definitions (`main` by default, or `job`: post_training, training, ...), or the `select`
+    job narrowed to the named assets (every asset with `everything`): its runs are listed under that job."""
     from dagster_project import definitions as d
 
     if job:
@@ -47,8 +47,7 @@ def job_for(select: list[str] | None, everything: bool, job: str | None = None) 
     if unknown:
         raise ConfigError(f"no asset {', '.join(map(repr, unknown))}; assets: {', '.join(sorted(known))}")
     keys = [dg.AssetKey(k) for k in select] if select else [a.key for a in d.all_assets]
-    adhoc = dg.define_asset_job("kiln_run", selection=dg.AssetSelection.assets(*keys), hooks={kiln_progress_line})
-    return dg.Definitions(assets=d.defs.assets, asset_checks=d.defs.asset_checks, jobs=[adhoc], resources=d.defs.resources).resolve_job_def("kiln_run")
+    return d.defs.resolve_job_def("select").get_subset(asset_selection=set(keys))
 
 
 def unselected_parents(select: list[str]) -> dict[str, list[str]]:

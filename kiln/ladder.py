@@ -6,7 +6,7 @@ user's `train=` is dropped: the rung picks the train file). The ladder adds the 
 checkpoint as `train.init_from`, and for the train set the rung's resolution, its mix and the coverage
 weights. `checkpoint`, the model samples and evaluation read, is the PMA of the last rung (kiln pma).
 Held-out rows: the first rung holds out `train.holdout` rows of its train set, and every later rung
-inherits that choice (training.data.inherited_holdout), so the evaluation's held-out rows were never
+inherits that choice (training.core.data.inherited_holdout), so the evaluation's held-out rows were never
 trained on by any rung. No Dagster import here.
 """
 
@@ -18,7 +18,7 @@ from kiln.config import KilnConfig, load_config
 
 # the asset the ladder ends in, and the train set evaluation reads its held-out rows from (the first rung's)
 FINAL = "checkpoint"
-MERGED = "checkpoint_merged"  # the merge of the domain SFT rungs (training/merge.py), when `ladder.domains` has any
+MERGED = "checkpoint_merged"  # the merge of the domain SFT rungs (training/post/merge.py), when `ladder.domains` has any
 
 
 @dataclass(frozen=True)

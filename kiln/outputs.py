@@ -221,3 +221,23 @@ def read_shard(path: Path, sha256: str | None) -> pa.Table:
             "it changed after it was written: rerun the stage that wrote it"
         )
     return pq.read_table(pa.BufferReader(data))
+
+
+VOLATILE_FILES = ("metrics.jsonl", "throughput.json")  # wall-clock records: on disk, outside every content hash (.dvcignore)
+
+
+def output_hash(folder: Path | str) -> str:
+    """The content hash of a step's output folder, computed as DVC computes a directory's (dvc.lock's `md5`):
+    md5 over the JSON list of {md5, relpath} of its files, sorted by path, plus `.dir`. The wall-clock
+    records (VOLATILE_FILES) are left out, as .dvcignore leaves them out of DVC's, so a rerun of the same
+    data and config has the same hash."""
+    folder = Path(folder)
+    entries = []
+    for root, _, files in os.walk(folder):
+        for f in files:
+            if f in VOLATILE_FILES:
+                continue
+            p = Path(root) / f
+            entries.append({"md5": hashlib.md5(p.read_bytes()).hexdigest(), "relpath": p.relative_to(folder).as_posix()})
+    entries.sort(key=lambda e: e["relpath"])
+    return hashlib.md5(json.dumps(entries, sort_keys=True).encode("utf-8")).hexdigest() + ".dir"

@@ -7,6 +7,8 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO_ROOT / "conf"
+# the product's packages, bottom layer last (import-linter contracts in pyproject.toml say which imports which)
+PACKAGES = ("dagster_project", "slurm", "kiln", "assets", "training", "components", "model")
 
 
 def data_dir() -> Path:

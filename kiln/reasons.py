@@ -49,7 +49,7 @@ class Reason(StrEnum):
     NO_PROMPT = "no_prompt"  # nothing left of the caption to make a user prompt from
     PACK_ERROR = "pack_error"
     NOT_IN_MIX = "not_in_mix"  # detail = the mix file: the stage's training set is a mix (midtrain, SFT) and this row is not in it
-    # post-training rubric sets (training.rubric.write_rubric_set)
+    # post-training rubric sets (training.evaluation.rubric.write_rubric_set)
     NO_REQUIREMENTS = "no_requirements"  # the LLM wrote no yes/no question for the prompt: nothing a judge could check
     # warehouse queue (kiln.warehouse): a row that failed every one of its attempts, detail = the last error
     STAGE_ERROR = "stage_error"  # the stage raised on this row alone

@@ -281,7 +281,7 @@ def write_stage_output(
     replacing OUT atomically. Refuses (kiln.outputs.OutputError) an OUT overlapping `input_path`, and one
     holding what kiln did not write unless `overwrite`.
 
-    Shared by `run_stage` and the Slurm array merge (slurm.arrays), so both doors write the same bytes.
+    Shared by `run_stage` and the Slurm array merge (kiln.executors.slurm_array), so both doors write the same bytes.
     """
     name, output = stage.name, Path(output)
     kept_tables = [o.kept for o in outs]

@@ -1,7 +1,7 @@
 """Style references: images that steer a sample's style, each with a strength in [0, 1].
 
 A reference goes through an encoder (a small trainable conv net, the offline classical descriptor of
-assets/embed.py, or a frozen HF vision model by path) and a projector to `grid * grid` tokens of the DiT's
+model/image_encoders.py, or a frozen HF vision model by path) and a projector to `grid * grid` tokens of the DiT's
 width. The DiT appends them to its sequence after the image patches, at their own RoPE positions (a grid
 in frame 1, shared by all references; the image is frame 0, text sits at the origin), so every block
 attends to them, and swapping two references changes nothing.
@@ -95,11 +95,11 @@ class ConvEncoder(nn.Module):
 
 class FrozenDescriptor:
     """A frozen image -> vector encoder (no parameters in the model): the classical descriptor, or an HF
-    vision model by path, both through assets/embed.py."""
+    vision model by path, both through model/image_encoders.py."""
 
     def __init__(self, cfg: ReferenceConfig):
-        from assets.embed import make_embedder
         from kiln.config import EmbedConfig
+        from model.image_encoders import make_embedder
 
         kind = "classical" if cfg.encoder == "classical" else "hf"
         self.embedder = make_embedder(EmbedConfig(embedder=kind, path=cfg.encoder_path, size=max(16, cfg.image_size)))

@@ -7,6 +7,7 @@ was requeued after preemption keeps its id and is simply watched until its final
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -17,12 +18,12 @@ from typing import Any
 import submitit
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
-from kiln.config import KilnConfig
-from kiln.progress import log as kiln_log
 from slurm.launcher import TaskSpec, launch
+from slurm.profiles import ClusterProfile
 from slurm.state import SlurmState, query_states, restarts
 
 Log = Callable[[str], Any]
+log_info = logging.getLogger("kiln").info  # the project's logger, by name
 TAIL_LINES = 40
 
 
@@ -144,21 +145,22 @@ def report(job: submitit.Job, state: SlurmState) -> JobReport:
     return JobReport(state="COMPLETED", log_tail=log_tail(job), results=list(results), **base)
 
 
-def watch(job: submitit.Job, cfg: KilnConfig, log: Log = kiln_log.info) -> JobReport:
+def watch(job: submitit.Job, cluster: ClusterProfile, log: Log = log_info) -> JobReport:
     """Wait for a submitted job and report on it (for a sensor, or after `submit`)."""
-    state = wait_for([job], log, cfg.cluster.poll_s)[job.job_id]
+    state = wait_for([job], log, cluster.poll_s)[job.job_id]
     rep = report(job, state)
     log(f"slurm job {rep.job_id}: {rep.state}, logs {rep.stdout.parent}")
     return rep
 
 
-def submit(spec: TaskSpec | str, cfg: KilnConfig, log: Log = kiln_log.info) -> submitit.Job:
+def submit(spec: TaskSpec | str, cluster: ClusterProfile, cfg: Any = None, log: Log = log_info) -> submitit.Job:
+    """Submit `spec` on `cluster`; each task calls the entry with `cfg=cfg`."""
     spec = TaskSpec(spec) if isinstance(spec, str) else spec
-    job = launch(spec, cfg)
-    log(f"submitted {spec.entry} as slurm job {job.job_id} ({cfg.cluster.name}); logs {job.paths.stdout}")
+    job = launch(spec, cluster, cfg)
+    log(f"submitted {spec.entry} as slurm job {job.job_id} ({cluster.name}); logs {job.paths.stdout}")
     return job
 
 
-def submit_and_wait(spec: TaskSpec | str, cfg: KilnConfig, log: Log = kiln_log.info) -> JobReport:
-    """Submit `spec` on the profile in `cfg.cluster`, wait, and return its report; `SlurmJobFailed` on failure."""
-    return watch(submit(spec, cfg, log), cfg, log)
+def submit_and_wait(spec: TaskSpec | str, cluster: ClusterProfile, cfg: Any = None, log: Log = log_info) -> JobReport:
+    """Submit `spec` on `cluster`, wait, and return its report; `SlurmJobFailed` on failure."""
+    return watch(submit(spec, cluster, cfg, log), cluster, log)

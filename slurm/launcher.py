@@ -1,10 +1,11 @@
 """Launch any `module:function` as a (multi-node, one task per GPU) job that survives preemption.
 
-The entry is called as `fn(*args, cfg=cfg, **kwargs)` in every task, after torch.distributed is set
-up from the Slurm environment (`distributed=True`). Preemption and time limits arrive as USR2
+The entry is called as `fn(*args, cfg=cfg, **kwargs)` in every task (`cfg`: whatever the submitter passes,
+kiln's config for kiln's entries), after torch.distributed is set up from the Slurm environment
+(`distributed=True`). Preemption and time limits arrive as USR2
 (`--signal=USR2@<signal_delay_s>`): submitit calls `LaunchedTask.checkpoint`, which requeues the same
 task; the entry is expected to resume from the last checkpoint it wrote in its output folder (the
-contract `training.trainer.train` and `slurm.selftest.allreduce_sgd` follow). Code is snapshotted at
+contract kiln's trainer and `slurm.selftest.allreduce_sgd` follow). Code is snapshotted at
 submission (slurm.snapshot) so a requeued job runs the code it was submitted with.
 """
 
@@ -18,8 +19,7 @@ from typing import Any, Callable
 import submitit
 from submitit.helpers import Checkpointable
 
-from kiln.config import KilnConfig
-from slurm.profiles import JobKind, make_executor
+from slurm.profiles import ClusterProfile, JobKind, make_executor
 from slurm.snapshot import snapshot_code
 
 
@@ -32,6 +32,7 @@ class TaskSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
     distributed: bool = True  # set up torch.distributed before calling the entry
     name: str | None = None  # Slurm job name; default: the function's name
+    watchdog_timeout_s: float = 600.0  # a collective that hangs this long fails the job (NCCL's watchdog)
 
     @property
     def job_name(self) -> str:
@@ -53,7 +54,7 @@ def resolve_entry(entry: str) -> Callable[..., Any]:
 class LaunchedTask(Checkpointable):
     """The callable submitit pickles; `checkpoint()` (inherited) resubmits it unchanged on USR2."""
 
-    def __init__(self, spec: TaskSpec, cfg: KilnConfig):
+    def __init__(self, spec: TaskSpec, cfg: Any = None):
         self.spec = spec
         self.cfg = cfg
 
@@ -64,7 +65,7 @@ class LaunchedTask(Checkpointable):
             return fn(*self.spec.args, cfg=self.cfg, **self.spec.kwargs)
         from slurm.environment import close_distributed, init_distributed
 
-        init_distributed(self.cfg.train.parallel.watchdog_timeout_s)  # a hung collective fails the job (NCCL's watchdog)
+        init_distributed(self.spec.watchdog_timeout_s)  # a hung collective fails the job (NCCL's watchdog)
         result = fn(*self.spec.args, cfg=self.cfg, **self.spec.kwargs)
         close_distributed()  # only on success: a failed peer would leave the barrier hanging
         return result
@@ -79,36 +80,26 @@ def _forget_previous_result() -> None:
         pass
 
 
-def job_folder(cfg: KilnConfig) -> Path:
+def job_folder(cluster: ClusterProfile) -> Path:
     """submitit's folder: pickles and logs of one job under `<log_dir>/<job id>/`."""
-    return Path(cfg.cluster.log_dir).resolve() / "%j"
+    return Path(cluster.log_dir).resolve() / "%j"
 
 
-def executor_for(cfg: KilnConfig, kind: JobKind, job_name: str) -> submitit.AutoExecutor:
+def executor_for(cluster: ClusterProfile, kind: JobKind, job_name: str) -> submitit.AutoExecutor:
     snapshot = None
-    if cfg.cluster.snapshot_code:
-        snapshot = snapshot_code(Path(cfg.cluster.log_dir) / "snapshots")
-    return make_executor(cfg.cluster, job_folder(cfg), kind=kind, job_name=job_name, snapshot=snapshot)
+    if cluster.snapshot_code:
+        snapshot = snapshot_code(Path(cluster.log_dir) / "snapshots")
+    return make_executor(cluster, job_folder(cluster), kind=kind, job_name=job_name, snapshot=snapshot)
 
 
-def single_task(cfg: KilnConfig) -> KilnConfig:
+def single_task(cluster: ClusterProfile) -> ClusterProfile:
     """The profile shrunk to one task on one node (one GPU if it has GPUs): for non-distributed entries."""
-    c = cfg.cluster
-    one = c.model_copy(update={"nodes": 1, "tasks_per_node": 1, "gpus_per_node": min(c.gpus_per_node, 1), "exclusive": False})
-    return cfg.model_copy(update={"cluster": one})
+    return cluster.model_copy(update={"nodes": 1, "tasks_per_node": 1, "gpus_per_node": min(cluster.gpus_per_node, 1), "exclusive": False})
 
 
-def launch(spec: TaskSpec, cfg: KilnConfig) -> submitit.Job:
-    """Submit `spec` as one job: `nodes x tasks_per_node` tasks when distributed, else a single task."""
+def launch(spec: TaskSpec, cluster: ClusterProfile, cfg: Any = None) -> submitit.Job:
+    """Submit `spec` as one job: `nodes x tasks_per_node` tasks when distributed, else a single task; each
+    task calls the entry with `cfg=cfg`."""
     resolve_entry(spec.entry)  # fail here, not in the queue
-    shape = cfg if spec.distributed else single_task(cfg)
+    shape = cluster if spec.distributed else single_task(cluster)
     return executor_for(shape, "train", spec.job_name).submit(LaunchedTask(spec, cfg))
-
-
-def train_task(data: Path, out: Path) -> TaskSpec:
-    """The trainer as a Slurm job: one task per GPU over `nodes` nodes, FSDP2 x TP over them
-    (`train.parallel.tp`). resume=True: a requeued job (and a resubmission into the same `out`) continues
-    from the newest good DCP checkpoint there (refused if it saw another train set). A fresh run into a
-    used folder clears it before submitting (`training.runtime.prepare_output(out, False, overwrite=True)`,
-    as the Dagster checkpoint asset does): the job must never delete what a requeue would resume."""
-    return TaskSpec("training.trainer:train", (Path(data).resolve(), Path(out).resolve()), {"resume": True}, distributed=True, name="kiln-train")

@@ -1,4 +1,6 @@
-"""A cluster profile (`conf/cluster/*.yaml` -> `ClusterConfig`) as a configured submitit executor.
+"""A cluster profile as a configured submitit executor. The profile is any object with the fields of
+`ClusterProfile` (kiln's `conf/cluster/*.yaml` compose into one: kiln.config.ClusterConfig); slurm/ imports
+nothing of kiln, so it is the launcher library any door or executor can stand on.
 
 Two kinds of jobs: `train` (N nodes x one task per GPU, or `tasks_per_node` CPU tasks) and `array`
 (data stages, one single-task job per shard). Everything a job needs from its environment (the code
@@ -10,21 +12,54 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import submitit
-
-from kiln.config import ClusterConfig
 
 JobKind = Literal["train", "array"]
 
 
-def tasks_per_node(cluster: ClusterConfig) -> int:
+class ClusterProfile(Protocol):
+    """What a cluster profile says: where jobs run, their shape, their environment and where logs go."""
+
+    name: str
+    kind: Literal["local", "slurm"]
+    partition: str | None
+    nodes: int
+    gpus_per_node: int
+    tasks_per_node: int
+    cpus_per_task: int
+    mem_gb: float | None
+    timeout_min: int
+    account: str | None
+    qos: str | None
+    constraint: str | None
+    exclusive: bool
+    signal_delay_s: int
+    max_requeues: int
+    env: dict[str, str]
+    setup: list[str]
+    python: str | None
+    array_partition: str | None
+    array_cpus_per_task: int
+    array_mem_gb: float | None
+    array_timeout_min: int
+    max_array_parallel: int
+    log_dir: str
+    snapshot_code: bool
+    poll_s: float
+
+    def model_copy(self, *, update: dict[str, Any]) -> ClusterProfile:
+        """The same profile with some fields changed (pydantic's spelling)."""
+        ...
+
+
+def tasks_per_node(cluster: ClusterProfile) -> int:
     """One task per GPU; CPU-only profiles say how many tasks they want."""
     return cluster.gpus_per_node if cluster.gpus_per_node > 0 else cluster.tasks_per_node
 
 
-def setup_lines(cluster: ClusterConfig, snapshot: Path | None) -> list[str]:
+def setup_lines(cluster: ClusterProfile, snapshot: Path | None) -> list[str]:
     """Shell lines run in the job script before the tasks start."""
     lines = []
     if snapshot is not None:
@@ -42,7 +77,7 @@ def setup_lines(cluster: ClusterConfig, snapshot: Path | None) -> list[str]:
     return lines + list(cluster.setup)
 
 
-def flight_recorder_lines(cluster: ClusterConfig) -> list[str]:
+def flight_recorder_lines(cluster: ClusterProfile) -> list[str]:
     """NCCL flight recorder for GPU training jobs: each rank keeps its last collectives in a ring buffer and
     dumps it when the watchdog times out (train.parallel.watchdog_timeout_s), so a hang says which rank
     stopped in which collective (`python -m torch.distributed.flight_recorder.fr_trace <dir>`). The dumps go
@@ -59,7 +94,7 @@ def flight_recorder_lines(cluster: ClusterConfig) -> list[str]:
     return [f'export {k}="{v}"' for k, v in env.items() if k not in cluster.env]
 
 
-def executor_parameters(cluster: ClusterConfig, kind: JobKind, job_name: str, snapshot: Path | None = None) -> dict[str, Any]:
+def executor_parameters(cluster: ClusterProfile, kind: JobKind, job_name: str, snapshot: Path | None = None) -> dict[str, Any]:
     """The `update_parameters` of an AutoExecutor; generic keys for every executor, `slurm_*` for Slurm."""
     setup = setup_lines(cluster, snapshot)
     if kind == "train":
@@ -104,7 +139,7 @@ def executor_parameters(cluster: ClusterConfig, kind: JobKind, job_name: str, sn
 
 
 def make_executor(
-    cluster: ClusterConfig, folder: Path, kind: JobKind = "train", job_name: str = "kiln", snapshot: Path | None = None
+    cluster: ClusterProfile, folder: Path, kind: JobKind = "train", job_name: str = "kiln", snapshot: Path | None = None
 ) -> submitit.AutoExecutor:
     """A submitit executor for this profile: sbatch for `slurm`, subprocesses on this machine for `local`.
 
@@ -120,7 +155,7 @@ def make_executor(
 
 
 def sbatch_script(
-    cluster: ClusterConfig, kind: JobKind = "train", job_name: str = "kiln", folder: str = "%j", snapshot: Path | None = None
+    cluster: ClusterProfile, kind: JobKind = "train", job_name: str = "kiln", folder: str = "%j", snapshot: Path | None = None
 ) -> str:
     """The sbatch script a profile produces, without submitting (for `kiln submit --dry-run` and tests)."""
     from submitit.slurm.slurm import SlurmExecutor, _convert_mem, _make_sbatch_string

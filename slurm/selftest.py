@@ -20,8 +20,6 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from kiln.config import KilnConfig
-
 CHECKPOINT = "checkpoint.safetensors"
 
 
@@ -76,7 +74,7 @@ def _load(path: Path, model: torch.nn.Linear) -> tuple[int, list[float], list[in
 def allreduce_sgd(
     out_dir: str,
     *,
-    cfg: KilnConfig | None = None,
+    cfg: Any = None,
     steps: int = 20,
     lr: float = 0.1,
     batch: int = 8,

@@ -14,9 +14,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from kiln.paths import REPO_ROOT
-
-CODE_DIRS = ("kiln", "assets", "model", "training", "slurm", "dagster_project", "conf")
+REPO_ROOT = Path(__file__).resolve().parent.parent  # the checkout slurm/ sits in
+CODE_DIRS = ("kiln", "assets", "components", "model", "training", "slurm", "dagster_project", "conf")
 CODE_FILES = ("pyproject.toml",)
 _SKIP_DIRS = {"__pycache__", ".pytest_cache", ".mypy_cache"}
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".swp")

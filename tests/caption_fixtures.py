@@ -75,8 +75,8 @@ def write_tiny_vlm(directory: str | Path, seed: int = 0, image_size: int = 32, p
 
 
 def scene_image(directory: Path, name: str, scene_json: str, width: int = 112, height: int = 104) -> Path:
-    """One demo scene drawn to a PNG (assets.demo_scenes), e.g. a sign with a word on it."""
-    from assets.demo_scenes import Scene, render
+    """One demo scene drawn to a PNG (components.demo_scenes), e.g. a sign with a word on it."""
+    from components.demo_scenes import Scene, render
 
     path = Path(directory) / f"{name}.png"
     render(Scene.from_json(scene_json), width, height).save(path, format="PNG")

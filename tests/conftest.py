@@ -5,6 +5,7 @@ import subprocess
 
 import pytest
 
+from kiln.databases import connect as db_connect
 from kiln.paths import REPO_ROOT
 
 os.environ.setdefault("KILN_PROGRESS", "0")
@@ -96,7 +97,7 @@ def dsn():
     was_running = bool(os.environ.get("KILN_PG_DSN")) or subprocess.run([str(SCRIPT), "status"], capture_output=True).returncode == 0
     try:
         dsn = local_postgres_dsn()
-        with pg.connect(dsn) as conn:
+        with db_connect(dsn) as conn:
             conn.execute("SELECT 1")
             pg.ensure_registry(conn)
     except Exception as e:  # noqa: BLE001

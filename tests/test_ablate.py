@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kiln.dvcgen import EVAL_PARAMS, TRAIN_PARAMS, present_params
+from kiln.dvcgen import present_params
 from kiln.paths import REPO_ROOT
+from kiln.registry import EVAL_PARAMS, TRAIN_PARAMS
 
 BIN = Path(sys.executable).parent
 MICRO_TRAIN = {"steps": 3, "batch_size": 8, "holdout": 8, "log_every": 0, "warmup_steps": 1, "threads": 1, "dcp": {"every": 0},

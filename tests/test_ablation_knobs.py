@@ -18,9 +18,9 @@ from safetensors.torch import load_file
 from kiln.config import KilnConfig, TrainConfig
 from model.generator import Generator, resolve_dit_config
 from model.testing import micro_model_config
-from training.telemetry import read_metrics
+from training.core.telemetry import read_metrics
+from training.core.trainer import Learner, Runtime, StepBatch, init_generator, step_generator, train, train_step
 from training.testing import scene_rows, tiny_config, write_pack_output
-from training.trainer import Learner, Runtime, StepBatch, init_generator, step_generator, train, train_step
 
 WIDTH, DEPTH, HEADS, HEAD_DIM, REFINER_LAYERS = 64, 2, 2, 32, 1
 
@@ -228,7 +228,7 @@ def test_the_gelu_mlp_is_4x_wide_at_the_flops_of_swiglu(text_encoder_dir):
 
 # --------------------------------------------------------------------------------- optimiser, weights
 def test_adamw_eps_is_the_configured_one(data, text_encoder_dir, tmp_path):
-    from training.muon import make_optimizer
+    from training.core.muon import make_optimizer
 
     tc = TrainConfig(optim={"adam_eps": 1e-6})
     opt = make_optimizer(init_generator(micro_model_config(text_encoder_dir), 0), tc)
@@ -239,7 +239,7 @@ def test_adamw_eps_is_the_configured_one(data, text_encoder_dir, tmp_path):
 
 
 def _step_weights(out, step: int, gen) -> dict[str, torch.Tensor]:
-    from training.pma import dcp_step_weights
+    from training.core.pma import dcp_step_weights
 
     return dcp_step_weights(out / "dcp" / f"step-{step:06d}", gen)
 
@@ -280,7 +280,7 @@ def test_final_weights_pma_exports_the_average_of_the_last_k_steps(data, text_en
     for name in w3:
         torch.testing.assert_close(exported[name], (w2[name] + w3[name]) / 2, rtol=0, atol=1e-6)
     assert json.loads((out / "pma.json").read_text())["steps"] == [2, 3]
-    from training.checkpoint import verify_export
+    from training.core.checkpoint import verify_export
 
     assert verify_export(out)  # the checksums cover the averaged weights
 
@@ -294,8 +294,8 @@ def test_final_weights_need_their_average(text_encoder_dir):
 
 # ----------------------------------------------------------------------------------------- sampling
 def test_the_inference_shift_defaults_to_the_training_shift(text_encoder_dir):
-    from training.objective import timestep_shift
-    from training.sampling import sampling_shift
+    from training.core.objective import timestep_shift
+    from training.evaluation.sampling import sampling_shift
 
     gen = init_generator(micro_model_config(text_encoder_dir), 0)
     trained = TrainConfig(timestep_shift=1.5, timestep_max_shift=4.0)
@@ -313,7 +313,7 @@ def _tokens_into_blocks(gen: Generator) -> list[int]:
 
 
 def test_token_routing_sends_a_share_of_the_image_tokens_around_the_span_in_training_only(text_encoder_dir):
-    from training.muon import make_optimizer
+    from training.core.muon import make_optimizer
 
     gen = init_generator(micro_model_config(text_encoder_dir), 0)
     seen = _tokens_into_blocks(gen)

@@ -27,13 +27,13 @@ def _worker(rank: int, world: int, port: int, te_dir: str, out_dir: str) -> None
     from kiln.config import TrainConfig
     from model.testing import micro_model_config
     from model.text_encoder import TextBatch
-    from training.data import DataPosition
-    from training.dcp import Checkpointer, RunState
-    from training.distributed import local_rows
-    from training.ema import WeightEma
-    from training.muon import make_optimizer
-    from training.parallel import build_mesh, parallelize
-    from training.trainer import Learner, Runtime, StepBatch, init_generator, step_generator, train_step
+    from training.core.data import DataPosition
+    from training.core.dcp import Checkpointer, RunState
+    from training.core.distributed import local_rows
+    from training.core.ema import WeightEma
+    from training.core.muon import make_optimizer
+    from training.core.parallel import build_mesh, parallelize
+    from training.core.trainer import Learner, Runtime, StepBatch, init_generator, step_generator, train_step
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

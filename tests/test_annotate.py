@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from kiln.outputs import OutputError
-from training.annotate import Annotation, make_server
-from training.labels import (
+from training.post.annotate import Annotation, make_server
+from training.post.labels import (
     DuckDBLabels,
     PostgresLabels,
     human_pairs,
@@ -28,7 +28,7 @@ from training.labels import (
     pairs_sha256,
     picked,
 )
-from training.pairs import PAIRS, PAIRS_FILE, png, read_pairs
+from training.post.pairs import PAIRS, PAIRS_FILE, png, read_pairs
 
 WINNER, LOSER = (220, 30, 30), (30, 30, 220)  # the rewards' winner is red, the loser blue: the test can see which is where
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kiln.config import TrainConfig
-from training.muon import make_optimizer
+from training.core.muon import make_optimizer
 
 
 def _one_step(weights: str, name: str, init: dict) -> torch.Tensor:

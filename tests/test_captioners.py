@@ -19,7 +19,7 @@ from caption_fixtures import (
 
 from assets.caption import Captioner, make_captioner
 from assets.captioners import OCRGroundedCaptioner, caption_ocr_stage
-from assets.vlm import VLMCaptioner, build_prompt, chat_text, load_vlm
+from components.vlm import VLMCaptioner, build_prompt, chat_text, load_vlm
 from kiln.config import load_config
 from kiln.reasons import Reason
 from kiln.schemas import OCR_CAPTIONED, check_schema

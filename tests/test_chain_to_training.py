@@ -7,14 +7,15 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
+from assets.cluster_review import review_rows, set_decision
 from kiln.config import load_config
-from kiln.lineage import MAIN_CHAIN, ladder_steps
-from kiln.review import review_rows, set_decision
+from kiln.registry import curation_nodes, ladder_train_sets
 from kiln.stage import read_dataset
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-PACKS = ladder_steps(load_config([]))  # a train set per ladder rung (conf/ladder/demo.yaml: pretrain, sft)
+MAIN_CHAIN = curation_nodes(load_config([]))
+PACKS = ladder_train_sets(load_config([]))  # a train set per ladder rung (conf/ladder/demo.yaml: pretrain, sft)
 CHAIN = ["raw_images", *[s.key for s in MAIN_CHAIN], "coverage", "mixes", *[p.key for p in PACKS]]
 # the demo's low_quality head rejects at p >= 0.3 here and semantic dedup merges at cosine 0.99, so that each rejects something
 OVERRIDES = ["data.demo.n=240", "data.classify.heads.0.threshold=0.3", "data.clustering.semdedup_threshold=0.99"]

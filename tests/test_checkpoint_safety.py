@@ -26,12 +26,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from training.dcp import ResumeMismatch, complete_checkpoints, latest_checkpoint, manifest_name, step_dir
-from training.dcp_safe import UnsafeCheckpoint, load_metadata, safe_load
-from training.manifest import KEY_ENV, CheckpointCorrupt, CheckpointUntrusted, read_manifest, write_manifest
-from training.telemetry import read_metrics
+from training.core.dcp import ResumeMismatch, complete_checkpoints, latest_checkpoint, manifest_name, step_dir
+from training.core.dcp_safe import UnsafeCheckpoint, load_metadata, safe_load
+from training.core.manifest import KEY_ENV, CheckpointCorrupt, CheckpointUntrusted, read_manifest, write_manifest
+from training.core.telemetry import read_metrics
+from training.core.trainer import NonFiniteTraining, train
 from training.testing import scene_rows, tiny_config, write_pack_output
-from training.trainer import NonFiniteTraining, train
 
 STEPS = 6
 
@@ -95,7 +95,7 @@ def test_kiln_train_refuses_a_folder_with_checkpoints_in_one_plain_line(tmp_path
     out = tmp_path / "run"
     (out / "dcp" / "step-000010").mkdir(parents=True)  # what an earlier run leaves
     (out / "model.safetensors").write_bytes(b"earlier weights")
-    assert main(["train", "--data", str(data), "--out", str(out)]) == 1
+    assert main(["train", "--data", str(data), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("kiln: ") and "--overwrite" in err and "Traceback" not in err
     assert (out / "model.safetensors").read_bytes() == b"earlier weights" and (out / "dcp" / "step-000010").is_dir()
@@ -105,13 +105,13 @@ def test_kiln_train_refuses_a_folder_with_checkpoints_in_one_plain_line(tmp_path
 
 @pytest.mark.slow  # three short DPO runs
 def test_post_training_into_a_folder_with_checkpoints_is_refused_too(tmp_path, text_encoder_dir, whole, capsys):
-    """DPO, GRPO, style training and distillation share one runner (training/posttrain_run.py): a fresh run's
+    """DPO, GRPO, style training and distillation share one runner (training/post/runner.py): a fresh run's
     saves would overwrite the earlier run's step folders and prune the rest, so it is refused like `kiln train`."""
     from test_dpo_train import demo_pairs, with_post
 
     from kiln.cli import main
-    from training.dpo_train import dpo
-    from training.style_train import style_train
+    from training.post.dpo import dpo
+    from training.style.train import style_train
 
     pairs, out = demo_pairs(tmp_path / "pairs"), tmp_path / "dpo"
     dpo(whole, pairs, out, with_post(_cfg(text_encoder_dir), dpo_steps=4, save_every=2))
@@ -120,7 +120,7 @@ def test_post_training_into_a_folder_with_checkpoints_is_refused_too(tmp_path, t
     with pytest.raises(FileExistsError, match=r"dcp/step-000004.*--resume.*--overwrite"):
         dpo(whole, pairs, out, shorter)
     capsys.readouterr()
-    assert main(["dpo", "--checkpoint", str(whole), "--pairs", str(pairs), "--out", str(out)]) == 1
+    assert main(["dpo", "--checkpoint", str(whole), "--pairs", str(pairs), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("kiln: ") and "--overwrite" in err and "Traceback" not in err
     with pytest.raises(FileExistsError):  # refused before its `start` (the base with a reference pathway) is drawn
@@ -136,10 +136,10 @@ KILLER = textwrap.dedent(
     """
     import os, signal, sys, time
     from pathlib import Path
-    import training.telemetry as telemetry
-    from training.dcp import latest_checkpoint
+    import training.core.telemetry as telemetry
+    from training.core.dcp import latest_checkpoint
     from training.testing import tiny_config
-    from training.trainer import train
+    from training.core.trainer import train
 
     data, out, te = map(Path, sys.argv[1:4])
     log = telemetry.Telemetry.log
@@ -209,7 +209,7 @@ def test_a_truncated_shard_is_named_and_nothing_is_resumed_from_it(tmp_path, dat
 def test_a_corrupt_export_is_refused_by_the_next_rung_and_by_pma(tmp_path, data, text_encoder_dir, whole):
     import shutil
 
-    from training.pma import average_checkpoints
+    from training.core.pma import average_checkpoints
 
     bad = tmp_path / "bad"
     shutil.copytree(whole, bad, ignore=shutil.ignore_patterns("dcp"))
@@ -221,7 +221,7 @@ def test_a_corrupt_export_is_refused_by_the_next_rung_and_by_pma(tmp_path, data,
 
 
 def test_pma_refuses_a_corrupt_step_checkpoint(tmp_path, data, text_encoder_dir):
-    from training.pma import pma_from_run
+    from training.core.pma import pma_from_run
 
     out = train(data, tmp_path / "run", _cfg(text_encoder_dir))
     _flip(step_dir(out, 4) / ".metadata", offset=8, n=16)
@@ -262,7 +262,7 @@ def test_post_training_never_exports_non_finite_weights_either(tmp_path, whole, 
     """DPO, GRPO, style training and distillation export through one runner: a policy whose weights went
     NaN (a diverged step the loop's own grad-norm checks missed) stops there, and no model.safetensors is
     written for the next stage to read."""
-    from training.posttrain_run import open_run
+    from training.post.runner import open_run
 
     out = tmp_path / "grpo"
     with pytest.raises(NonFiniteTraining, match=r"grpo: the export to .* refused: the weights hold NaN or inf"):
@@ -274,9 +274,9 @@ def test_post_training_never_exports_non_finite_weights_either(tmp_path, whole, 
 
 
 def test_a_step_with_a_non_finite_loss_applies_no_update(text_encoder_dir):
-    from training.data import TrainSet
-    from training.muon import make_optimizer
-    from training.trainer import Learner, StepBatch, init_generator, setup_runtime, step_generator, train_step
+    from training.core.data import TrainSet
+    from training.core.muon import make_optimizer
+    from training.core.trainer import Learner, StepBatch, init_generator, setup_runtime, step_generator, train_step
 
     cfg = _cfg(text_encoder_dir).train
     gen = init_generator(_cfg(text_encoder_dir).model, 0)
@@ -302,7 +302,7 @@ def test_nonfinite_skip_has_bounds():
 
 # --------------------------------------------------------------------------------- item 16: the data
 def test_a_resume_on_another_train_set_is_refused_unless_allowed(tmp_path, data, text_encoder_dir, caplog):
-    from training.eval_protocol import dataset_version
+    from training.core.data import dataset_version
 
     out = tmp_path / "run"
     train(data, out, _cfg(text_encoder_dir), stop_at=2)

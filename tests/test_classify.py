@@ -8,11 +8,12 @@ from caption_fixtures import deduped_rows, scene_image, shape, sign
 from held_out import HELD_OUT_SEEDS, held_out_demo
 
 from assets.classify import Labeller, RuleLabeller, VLMLabeller, classify_rows, make_labeller, sample_order
-from assets.embed import ClassicalEmbedder, embed_rows
+from assets.embed import embed_rows
 from kiln.config import ConfigError, load_config
 from kiln.reasons import Reason
 from kiln.schemas import EMBEDDED, check_schema
 from kiln.stage import check_accounting, read_dataset
+from model.image_encoders import ClassicalEmbedder
 
 
 def test_rule_labeller_reads_or_clauses():
@@ -181,8 +182,8 @@ def biased_vlm(vlm, out, rows, says_yes: list[bool]):
 
     import torch
 
-    from assets.classify import answer_token_ids
-    from assets.vlm import vlm_inputs
+    from components.vlm import vlm_inputs
+    from components.yes_no import answer_token_ids
 
     shutil.copytree(vlm, out)
     model, processor = load_vlm_fresh(out)
@@ -203,7 +204,7 @@ def biased_vlm(vlm, out, rows, says_yes: list[bool]):
 
 def load_vlm_fresh(path):
     """The model and processor as the product loads them, bypassing its per-process cache (the copy is new)."""
-    from assets.vlm import _load_vlm
+    from components.vlm import _load_vlm
 
     return _load_vlm.__wrapped__(str(path), "cpu")
 

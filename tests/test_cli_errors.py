@@ -43,7 +43,7 @@ def test_review_list_before_any_clustering_says_so_and_creates_no_table(tmp_path
 
 
 def test_an_unknown_cluster_in_an_existing_review_table_is_a_user_error(tmp_path):
-    from kiln.review import connect
+    from assets.cluster_review import connect
 
     connect(tmp_path / "review.duckdb").close()  # the table the cluster stage creates, empty
     r = kiln("review", "reject", "0:3", "--db", str(tmp_path / "review.duckdb"), cwd=tmp_path)

@@ -11,9 +11,11 @@ from held_out import HELD_OUT_SEEDS, held_out_demo
 from sklearn.metrics import adjusted_rand_score
 
 from assets.cluster import balanced_sample, cluster_grid, hierarchical_kmeans, level_labels, purity
+from assets.cluster_review import review_rows
+from kiln.cli.review import add_parser as add_review_parser
+from kiln.cli.review import review_cli
 from kiln.config import load_config
 from kiln.reasons import Reason
-from kiln.review import add_review_parser, review_cli, review_rows
 from kiln.schemas import CLUSTERED
 from kiln.stage import read_dataset, run_stage
 

@@ -4,9 +4,9 @@ code's documentation), and every doc a source file points readers at is in the r
 import re
 from pathlib import Path
 
-from kiln.paths import REPO_ROOT
+from kiln.paths import PACKAGES, REPO_ROOT
 
-SOURCES = ("assets", "kiln", "training", "model", "dagster_project", "slurm", "scripts", "benchmarks", "tests", "conf")
+SOURCES = (*PACKAGES, "scripts", "benchmarks", "tests", "conf")
 ISSUE = re.compile(r"\bissues? ?#?\d+|\(#\d+\)|#\d+ item", re.IGNORECASE)
 DOC = re.compile(r"\b(?:docs/[\w.\-/]+\.md|[A-Z]+\.md)\b")
 THIS = Path(__file__).resolve()

@@ -186,7 +186,7 @@ def six_rows(tmp_path) -> Path:
 
 
 def test_holding_out_every_row_fails_naming_the_key_the_row_count_and_the_folder(six_rows):
-    from training.data import TrainSet
+    from training.core.data import TrainSet
 
     with pytest.raises(ConfigError, match=rf"train\.holdout=6: no row is left to train on, the train set {six_rows} has 6 rows"):
         TrainSet.from_dir(six_rows, 4, holdout=6)

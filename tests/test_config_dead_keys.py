@@ -10,9 +10,7 @@ from typing import get_args
 from pydantic import BaseModel
 
 from kiln.config import KilnConfig
-from kiln.paths import REPO_ROOT
-
-PRODUCT = ("assets", "kiln", "training", "model", "dagster_project", "slurm")
+from kiln.paths import PACKAGES, REPO_ROOT
 
 
 def schema_fields(model: type[BaseModel], seen: set | None = None) -> list[tuple[str, str]]:
@@ -36,7 +34,7 @@ def _types(annotation) -> list:
 def product_code(root: Path = REPO_ROOT) -> str:
     """The product's source, with the schema's field declarations (kiln/config/) left out: a declaration is not a read."""
     parts = []
-    for package in PRODUCT:
+    for package in PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
             text = path.read_text()
             if path.parent == root / "kiln" / "config":

@@ -29,10 +29,11 @@ def test_every_data_asset_has_an_accounting_check_and_a_great_expectations_check
 def test_the_data_assets_materialize_with_passing_checks(tmp_path, monkeypatch):
     from dagster_project.run import job_for
     from kiln.config import load_config
-    from kiln.lineage import MAIN_CHAIN, ladder_steps, output_hash
+    from kiln.outputs import output_hash
+    from kiln.registry import curation_nodes, ladder_train_sets
 
     monkeypatch.chdir(tmp_path)
-    data_steps = [*MAIN_CHAIN, *ladder_steps(load_config([]))]
+    data_steps = [*curation_nodes(load_config([])), *ladder_train_sets(load_config([]))]
     result = job_for(["raw_images", *[s.key for s in data_steps], "coverage", "mixes"], everything=False).execute_in_process(
         run_config={"resources": {"kiln": {"config": {"overrides": ["data.demo.n=80"], "data_dir": str(tmp_path / "data")}}}},
         instance=dg.DagsterInstance.ephemeral(),
@@ -50,12 +51,12 @@ def test_the_data_assets_materialize_with_passing_checks(tmp_path, monkeypatch):
 @pytest.mark.slurm
 @pytest.mark.integration
 def test_a_failing_slurm_training_job_fails_the_checkpoint_with_its_log_tail(slurm_cluster, tmp_path, monkeypatch):
-    from dagster_project.ladder import ladder_assets
+    from dagster_project.assets import ASSETS
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data" / "train_set_pretrain").mkdir(parents=True)  # no shards: the trainer fails inside the job
     result = dg.materialize(
-        [ladder_assets[0]],
+        [ASSETS["checkpoint_pretrain"]],
         resources={"kiln": KilnResource(overrides=["cluster=test", f"cluster.log_dir={tmp_path / 'slurm'}", "cluster.poll_s=0.3"], data_dir=str(tmp_path / "data"))},
         instance=dg.DagsterInstance.ephemeral(),
         raise_on_error=False,

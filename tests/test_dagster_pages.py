@@ -30,7 +30,7 @@ def decode_md_png(md: str) -> Image.Image:
 
 @pytest.fixture
 def checkpoint_dir(tmp_path) -> Path:
-    """A trainer checkpoint's records, as training/telemetry.py and the trainer write them."""
+    """A trainer checkpoint's records, as training/core/telemetry.py and the trainer write them."""
     out = tmp_path / "checkpoint"
     out.mkdir()
     config = json.loads(load_config([]).model_dump_json())
@@ -66,7 +66,7 @@ def test_a_post_training_checkpoint_leads_with_its_gain_and_its_own_curve(checkp
 
 
 def metrics_json(eval_dir: Path, baseline: bool = True) -> dict:
-    """metrics.json as training/evaluate.py writes it, with no distribution extractor configured."""
+    """metrics.json as training/evaluation/evaluate.py writes it, with no distribution extractor configured."""
     unset = {m: None for m in ("fid", "cmmd", "dino_mmd")}
     metrics = {
         "checkpoint": {"step": 140, "final_loss": 0.18},
@@ -85,7 +85,7 @@ def metrics_json(eval_dir: Path, baseline: bool = True) -> dict:
 
 
 def test_the_evaluation_page_leads_with_a_table_against_the_untrained_baseline_and_its_charts(tmp_path):
-    from training.eval_protocol import history_csv, history_row
+    from training.evaluation.protocol import history_csv, history_row
 
     metrics = metrics_json(tmp_path / "eval")
     (tmp_path / "eval" / "history.csv").write_text(history_csv([history_row({**metrics, "checkpoint": {"step": s}}) for s in (70, 140)]))
@@ -142,8 +142,8 @@ def test_a_real_trainer_output_makes_the_same_page_with_its_samples(tmp_path):
     """The fixture folders above mirror what the trainer writes: a real micro run gives the same key figures
     first, and its samples are drawn in memory (nothing is added to the checkpoint folder, a DVC output)."""
     from model.testing import write_tiny_text_encoder
+    from training.core.trainer import train
     from training.testing import scene_rows, tiny_config, write_pack_output
-    from training.trainer import train
 
     data = write_pack_output(tmp_path / "pack", scene_rows(24, seed=1, buckets=((32, 32),)))
     cfg = tiny_config(write_tiny_text_encoder(tmp_path / "te"), steps=6)

@@ -11,8 +11,8 @@ import pytest
 from PIL import Image, UnidentifiedImageError
 
 from assets.demo_corpus import CATEGORY_COUNTS, DERIVED, write_demo_corpus
-from assets.demo_scenes import COLORS, FAMILIES, POSITIONS, SHAPES, Scene, caption_for, demo_prompts, render
-from assets.imageio import open_rgb
+from components.demo_scenes import COLORS, FAMILIES, POSITIONS, SHAPES, Scene, caption_for, demo_prompts, render
+from kiln.imageio import open_rgb
 from kiln.reasons import Reason
 
 

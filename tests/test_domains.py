@@ -66,7 +66,7 @@ def test_the_graph_runs_sft_then_domain_sfts_then_their_merge_then_preference_op
 
 
 def test_a_demo_domain_is_scored_on_prompts_of_its_own_scene_family():
-    from training.domains import domain_prompts
+    from training.post.domains import domain_prompts
 
     cfg = load_config([])
     single, counted = cfg.ladder.domains
@@ -83,20 +83,19 @@ def test_checkpoint_merged_merges_the_domain_sfts_and_scores_each_on_every_domai
     import dagster as dg
     from safetensors.torch import load_file
 
-    from dagster_project.assets import EVAL_SET
-    from dagster_project.domains import domain_assets
+    from dagster_project.assets import ASSETS, EVAL_SET
     from dagster_project.resources import KilnResource
     from model.testing import write_tiny_text_encoder
-    from training.checkpoint import verify_export
+    from training.core.checkpoint import verify_export
+    from training.core.trainer import train
     from training.testing import scene_rows, tiny_config, write_pack_output
-    from training.trainer import train
 
     te, data = write_tiny_text_encoder(tmp_path / "te"), tmp_path / "data"
     train(write_pack_output(data / EVAL_SET, scene_rows(24, seed=1)), data / "checkpoint", tiny_config(te, steps=4))
     for name, seed in (("single", 2), ("counted", 3)):  # two "domains": other rows, from the same base
         train(write_pack_output(tmp_path / name, scene_rows(16, seed=seed)), data / f"checkpoint_{name}", tiny_config(te, steps=3, init_from=str(data / "checkpoint")))
     fast = ["train.eval.n_per_prompt=1", "train.eval.steps=2", "ladder.domains.0.eval_n=2", "ladder.domains.1.eval_n=2", "post.merge.method=linear", "post.merge.search=[]"]
-    merged_asset = domain_assets[-1]
+    merged_asset = ASSETS[MERGED]
     result = dg.materialize([merged_asset], resources={"kiln": KilnResource(overrides=fast, data_dir=str(data))}, instance=dg.DagsterInstance.ephemeral())
     assert result.success
     out = data / MERGED

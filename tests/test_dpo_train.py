@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import load_file
 
 from kiln.config import KilnConfig, PostConfig
-from training.dpo_train import dpo
-from training.pairs import PAIRS, PAIRS_FILE, make_pairs, pick_pair, png, read_pairs
+from training.post.dpo import dpo
+from training.post.pairs import PAIRS, PAIRS_FILE, make_pairs, pick_pair, png, read_pairs
 from training.testing import trained_micro_model
 
 POST = {"judge": "demo_pixel", "pair_prompts": 6, "pair_k": 3, "pair_margin": 0.0, "dpo_steps": 4, "dpo_batch": 4, "dpo_lr": 1e-3, "dpo_beta": 50.0, "save_every": 2}
@@ -39,7 +39,7 @@ def with_post(cfg: KilnConfig, **post) -> KilnConfig:
 
 def demo_pairs(folder, size: int = 32):
     """Pairs a judge would make on the demo: the renderer's own drawing of a prompt beats another prompt's."""
-    from assets.demo_scenes import demo_prompts, render
+    from components.demo_scenes import demo_prompts, render
 
     specs = demo_prompts()
     ims = [np.asarray(render(s.scene, size, size)) for s in specs]

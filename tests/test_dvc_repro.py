@@ -19,11 +19,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kiln.lineage import MAIN_CHAIN, output_hash
+from kiln.config import load_config
+from kiln.outputs import output_hash
 from kiln.paths import REPO_ROOT
+from kiln.registry import curation_nodes
 
 TARGET = "train_set_pretrain"  # the first ladder rung's train set: the last stage before training
-STAGES = ["demo_corpus", "raw_images", *[s.key for s in MAIN_CHAIN], "coverage", "mixes", TARGET]  # what `dvc repro TARGET` runs
+STAGES = ["demo_corpus", "raw_images", *[n.key for n in curation_nodes(load_config([]))], "coverage", "mixes", TARGET]  # what `dvc repro TARGET` runs
 
 
 def _outs(lock: Path) -> dict[str, list[tuple[str, str]]]:

@@ -18,8 +18,8 @@ from PIL import Image
 
 from kiln.config import KilnConfig, MetricsConfig
 from kiln.paths import REPO_ROOT
-from training.eval_protocol import history_row, plot_history, record
-from training.plots import plot_loss
+from training.core.plots import plot_loss
+from training.evaluation.protocol import history_row, plot_history, record
 
 DVC = str(Path(sys.executable).parent / "dvc")
 ENV = {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
@@ -27,7 +27,7 @@ SERIES_BLUE = np.array([31, 119, 180])  # matplotlib's first series colour
 
 
 def eval_metrics(step: int, heldout_loss: float, pf: float) -> dict:
-    """The shape of training.evaluate's metrics.json, with only the fields the views read."""
+    """The shape of training.evaluation.evaluate's metrics.json, with only the fields the views read."""
     attrs = {a: pf for a in ("color", "shape", "count", "position", "background")}
     return {
         "checkpoint": {"step": step, "final_loss": 0.21, "loss_ema": 0.2, "num_params": 1000, "bucket": "32x32"},
@@ -150,8 +150,10 @@ def test_the_evaluation_history_is_a_cached_output_kept_across_runs_that_outlive
     from dvc.utils.hydra import compose_and_dump
     from test_ablate import sh, tiny_dvc_project
 
-    from kiln.dvcgen import evaluation_outs
-    from training.eval_protocol import read_history
+    from kiln.config import load_config
+    from kiln.dvcgen import stage_of
+    from kiln.registry import node
+    from training.evaluation.protocol import read_history
 
     history = "eval_history/history.csv"
     root = tiny_dvc_project(tmp_path / "project")
@@ -159,7 +161,7 @@ def test_the_evaluation_history_is_a_cached_output_kept_across_runs_that_outlive
     metrics_conf.write_text("".join(f"history: {history}\n" if line.startswith("history:") else line for line in metrics_conf.read_text().splitlines(keepends=True)))
     compose_and_dump(root / "params.yaml", str(root / "conf"), None, "config", str(root), [])
     doc = yaml.safe_load((root / "dvc.yaml").read_text())
-    doc["stages"]["evaluation"]["outs"] = evaluation_outs(history)
+    doc["stages"]["evaluation"]["outs"] = stage_of(node("evaluation", load_config([f"metrics.history={history}"])), [])["outs"]
     (root / "dvc.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     sh(root, "git", "add", "-A")
     sh(root, "git", "commit", "-q", "-m", "history kept outside data/")

@@ -5,21 +5,15 @@ import pyarrow as pa
 import pytest
 import torch
 
-from assets.demo_scenes import Background, Scene, Shape, render
-from assets.embed import (
-    ClassicalEmbedder,
-    HFEmbedder,
-    embed_rows,
-    make_embedder,
-    matrix,
-    to_column,
-)
-from assets.imageio import open_rgb
+from assets.embed import embed_rows, matrix, to_column
+from components.demo_scenes import Background, Scene, Shape, render
 from kiln.config import EmbedConfig, load_config
+from kiln.imageio import open_rgb
 from kiln.reasons import Reason
 from kiln.schemas import EMBEDDED
 from kiln.stage import check_accounting, read_dataset, run_stage
 from kiln.uri import read_bytes
+from model.image_encoders import ClassicalEmbedder, HFEmbedder, make_embedder
 
 torch.set_num_threads(1)
 

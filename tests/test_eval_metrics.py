@@ -1,9 +1,9 @@
 """FID, CMMD and DINO-MMD against independent reference computations, and the HF feature extractors.
 
-References, written here independently of training.metrics:
+References, written here independently of training.evaluation.metrics:
   * pytorch-fid's `calculate_frechet_distance` (pytorch_fid/fid_score.py, v0.3.0), transcribed: its
     module imports torchvision at the top, which this environment does not install, so it cannot be
-    imported; it uses scipy.linalg.sqrtm where training.metrics uses a symmetric eigendecomposition;
+    imported; it uses scipy.linalg.sqrtm where training.evaluation.metrics uses a symmetric eigendecomposition;
   * the closed form for diagonal covariances;
   * a naive double loop over all pairs for the biased RBF MMD (google-research/cmmd's estimator).
 """
@@ -13,8 +13,8 @@ import pytest
 import torch
 from scipy import linalg
 
-from training.extractors import load_extractor, write_tiny_extractor
-from training.metrics import (
+from training.evaluation.extractors import load_extractor, write_tiny_extractor
+from training.evaluation.metrics import (
     CMMD_SCALE,
     CMMD_SIGMA,
     cmmd,

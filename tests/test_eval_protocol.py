@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from assets.demo_scenes import (
+from components.demo_scenes import (
     BACKGROUND_COLORS,
     POSITIONS,
     SHAPE_COLORS,
@@ -21,10 +21,12 @@ from assets.demo_scenes import (
     render,
 )
 from kiln.config import KilnConfig, MetricsConfig
-from training.data import holdout_ids
-from training.eval_protocol import (
+from training.core.data import dataset_version, holdout_ids
+from training.core.trainer import init_generator
+from training.evaluation.extractors import write_tiny_extractor
+from training.evaluation.prompt_check import Expected, accuracy, check_image, expected_from_specs
+from training.evaluation.protocol import (
     HISTORY_COLUMNS,
-    dataset_version,
     distribution_metrics,
     evaluate_distribution,
     history_row,
@@ -35,10 +37,7 @@ from training.eval_protocol import (
     reference_rows,
     upsert,
 )
-from training.extractors import write_tiny_extractor
-from training.prompt_check import Expected, accuracy, check_image, expected_from_specs
 from training.testing import scene_rows, tiny_config, write_pack_output
-from training.trainer import init_generator
 
 
 @pytest.fixture(scope="module")

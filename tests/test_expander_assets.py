@@ -6,13 +6,13 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from dagster_project.expander import expander_assets
+from dagster_project.assets import ASSETS
 from dagster_project.resources import KilnResource
 from kiln.schemas import PROMPT_PAIRS
 from kiln.stage import run_stage, write_shards
 from model.testing import write_tiny_text_encoder
+from training.core.trainer import train
 from training.testing import scene_rows, tiny_config, write_pack_output
-from training.trainer import train
 
 SMALL = [
     "expander.tiny_hidden=16", "expander.tiny_heads=2", "expander.tiny_layers=1", "expander.sft_steps=8", "expander.sft_batch=4",
@@ -55,8 +55,8 @@ def test_the_expander_assets_materialize_with_their_evaluation(tmp_path):
     )
     import numpy as np
 
-    from assets.demo_scenes import caption_for, sample_scene
-    from assets.prompt_pairs import make_prompt
+    from components.demo_scenes import caption_for, sample_scene
+    from components.rule_text import make_prompt
 
     rng = np.random.default_rng(0)
     captions = [caption_for(sample_scene(rng, "single_shape")) for _ in range(12)]
@@ -80,7 +80,7 @@ def test_the_expander_assets_materialize_with_their_evaluation(tmp_path):
         workers=0,
     )
     result = dg.materialize(
-        expander_assets,
+        [ASSETS["expander_sft"], ASSETS["expander_rl"]],
         resources={"kiln": cfg_resource},
         instance=dg.DagsterInstance.ephemeral(),
     )

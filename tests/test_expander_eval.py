@@ -1,12 +1,14 @@
-"""The expander's wider faithfulness set (training/expander_rl.py `wide_heldout_prompt_set`): twelve held-out
+"""The expander's wider faithfulness set (training/expander/rl.py `wide_heldout_prompt_set`): twelve held-out
 prompts move faithfulness in steps of ~0.03, so the evaluation also reads 120 more demo prompts, and those
 must be as held out as the twelve: none is a prompt RL is rewarded on, none an evaluation combination."""
 
 from __future__ import annotations
 
+from fresh import in_fresh_process
+
 from kiln.config import load_config
-from training.expander_rewards import demo_attributes
-from training.expander_rl import heldout_prompt_set, rl_prompt_set, wide_heldout_prompt_set
+from training.expander.rewards import demo_attributes
+from training.expander.rl import heldout_prompt_set, rl_prompt_set, wide_heldout_prompt_set
 
 
 def test_the_wide_set_is_n_distinct_prompts_neither_rl_nor_the_evaluation_ever_sees():
@@ -25,7 +27,11 @@ def test_the_wide_set_is_n_distinct_prompts_neither_rl_nor_the_evaluation_ever_s
 
 def test_the_wide_set_is_reproducible_and_empty_for_a_profile_with_its_own_evaluation_prompts(tmp_path):
     cfg = load_config([])
-    assert [p.short for p in wide_heldout_prompt_set(cfg, 40)] == [p.short for p in wide_heldout_prompt_set(cfg, 40)]
+    code = (
+        "import json; from kiln.config import load_config; from training.expander.rl import wide_heldout_prompt_set\n"
+        "print(json.dumps([p.short for p in wide_heldout_prompt_set(load_config([]), 40)]))"
+    )
+    assert in_fresh_process(code) == [p.short for p in wide_heldout_prompt_set(cfg, 40)]
     prompts = tmp_path / "eval.jsonl"
     prompts.write_text('{"prompt": "a red circle", "requirements": []}\n')
     assert wide_heldout_prompt_set(load_config([f"post.eval_prompts={prompts}"]), 40) == []

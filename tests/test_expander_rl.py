@@ -1,4 +1,4 @@
-"""Expander RL (training/expander_rewards.py, training/expander_rl.py): GDPO's per-reward normalisation,
+"""Expander RL (training/expander/rewards.py, training/expander/rl.py): GDPO's per-reward normalisation,
 faithfulness on crafted expansions, the safety gate, diversity, and a killed run that resumes exactly."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from kiln.config import load_config
-from training.expander import train_sft
-from training.expander_model import load_lm
-from training.expander_rewards import (
+from training.evaluation.rubric import RubricPrompt
+from training.expander.model import load_lm
+from training.expander.rewards import (
     DemoGrammarExtractor,
     LLMAttributeExtractor,
     diversity,
@@ -22,8 +22,8 @@ from training.expander_rewards import (
     gate,
     gdpo_advantages,
 )
-from training.expander_rl import ShortPrompt, train_rl
-from training.rubric import RubricPrompt
+from training.expander.rl import ShortPrompt, train_rl
+from training.expander.sft import train_sft
 from training.testing import EXPANDER_PAIRS
 
 
@@ -144,7 +144,7 @@ def test_rl_pays_diversity_only_to_expansions_that_keep_every_attribute():
 
 
 def test_an_llm_extractor_by_path_lists_attributes_and_checks_their_words(tmp_path):
-    from training.expander_model import build_tiny_lm, build_word_tokenizer
+    from training.expander.model import build_tiny_lm, build_word_tokenizer
 
     tok = build_word_tokenizer(
         ["List every visual attribute red circle blue background"], tmp_path

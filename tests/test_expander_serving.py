@@ -7,8 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from kiln.config import load_config
-from training.expander import expand, load_expander, train_sft
-from training.sampling import SAMPLES, sample_to_dir
+from training.evaluation.sampling import SAMPLES, sample_to_dir
+from training.expander.sft import expand, expander_from, load_expander, train_sft
 from training.testing import EXPANDER_PAIRS, trained_micro_model
 
 
@@ -41,7 +41,7 @@ def test_sampling_with_an_expander_draws_the_expansions_and_records_them(
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("red circle\ngreen square\n")
     sample_to_dir(
-        dit, tmp_path / "expanded", cfg, prompts_file=str(prompts), expander=expander
+        dit, tmp_path / "expanded", cfg, prompts=str(prompts), expand=expander_from(expander)
     )
     table = pq.read_table(tmp_path / "expanded" / "samples.parquet")
     lm, tok, template, max_new = load_expander(expander)
@@ -59,7 +59,7 @@ def test_sampling_with_an_expander_draws_the_expansions_and_records_them(
         tmp_path / "fed.txt"
     )  # the same images as sampling the expansions directly: the DiT was fed them
     fed.write_text("\n".join(wanted) + "\n")
-    sample_to_dir(dit, tmp_path / "direct", cfg, prompts_file=str(fed))
+    sample_to_dir(dit, tmp_path / "direct", cfg, prompts=str(fed))
     assert (
         table.column("png").to_pylist()
         == pq.read_table(tmp_path / "direct" / "samples.parquet")
@@ -68,10 +68,16 @@ def test_sampling_with_an_expander_draws_the_expansions_and_records_them(
     )
 
 
-def test_the_cli_takes_an_expander_folder():
-    from kiln.cli import build_parser
+def test_kiln_sample_expand_feeds_the_dit_the_expansions_of_the_expander_in_a_folder(models, tmp_path):
+    from kiln.cli import main
 
-    args = build_parser().parse_args(
-        ["sample", "--checkpoint", "c", "--out", "o", "--expand", "data/expander_rl"]
-    )
-    assert args.expand == "data/expander_rl"
+    dit, expander, _ = models
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("red circle\ngreen square\n")
+    argv = ["sample", "--checkpoint", str(dit), "--out", str(tmp_path / "cli"), "--prompts", str(prompts), "--expand", str(expander)]
+    assert main([*argv, "train.sample.steps=2", "train.sample.n_per_prompt=2"]) == 0
+    lm, tok, template, max_new = load_expander(expander)
+    wanted = expand(lm, tok, ["red circle", "green square"], template, max_new)
+    table = pq.read_table(tmp_path / "cli" / "samples.parquet")
+    assert table.column("prompt").to_pylist() == ["red circle"] * 2 + ["green square"] * 2
+    assert table.column("expanded_prompt").to_pylist() == [wanted[0]] * 2 + [wanted[1]] * 2

@@ -1,4 +1,4 @@
-"""Expander SFT (training/expander.py): the loss is on the target only, and a killed run resumes exactly."""
+"""Expander SFT (training/expander/sft.py): the loss is on the target only, and a killed run resumes exactly."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from kiln.config import load_config
-from training.expander import expand, load_expander, train_sft
-from training.expander_model import (
+from training.expander.model import (
     build_word_tokenizer,
     encode_pair,
     load_lm,
     masked_lm_loss,
 )
+from training.expander.sft import expand, load_expander, train_sft
 
 PAIRS = [
     {"id": f"r{i}", "prompt": p, "target": t, "sampling_weight": w}
@@ -213,7 +213,7 @@ def test_kiln_expander_sft_trains_from_the_user_prompts_folder(tmp_path, capsys)
                 "expander.base=path",
             ]
         )
-        == 1
+        == 2
     )
     assert (
         "expander.path: the expander's causal LM folder is not set"

@@ -21,7 +21,7 @@ from assets.expectations import (
     validate_table,
 )
 from kiln.config import load_config
-from kiln.lineage import output_hash
+from kiln.outputs import output_hash
 from kiln.stage import read_dataset, write_table
 
 

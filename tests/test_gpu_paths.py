@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kiln.config import ConfigError, KilnConfig, load_config
-from training.gpu_settings import Machine, check_gpu_settings, gpu_setting_problems
+from kiln.config import ConfigError, load_config
+from training.core.gpu_settings import Machine, check_gpu_settings, gpu_setting_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = Machine(cuda=True, capability=(9, 0), gpu_name="NVIDIA H100 80GB HBM3", torchao=True, symmetric_memory=True)
@@ -82,7 +82,7 @@ def test_float8_needs_capability_8_9_and_torchao():
 
 
 def test_the_trainer_refuses_a_setting_this_machine_cannot_run_before_it_touches_data_or_output(tmp_path):
-    from training.trainer import train
+    from training.core.trainer import train
 
     cfg = load_config(["train.parallel.attention=efficient"])  # no CPU kernel, on any machine
     with pytest.raises(ConfigError, match="train.parallel.attention: SDPA backend efficient has no kernel on cpu"):
@@ -93,8 +93,8 @@ def test_the_trainer_refuses_a_setting_this_machine_cannot_run_before_it_touches
 def test_float8_is_never_skipped_quietly_off_cuda(text_encoder_dir):
     from kiln.config import ParallelConfig
     from model.testing import micro_model_config
-    from training.parallel import apply_float8
-    from training.trainer import init_generator
+    from training.core.parallel import apply_float8
+    from training.core.trainer import init_generator
 
     gen = init_generator(micro_model_config(text_encoder_dir), 0)
     with pytest.raises(ValueError, match="parallel.float8 needs a CUDA device"):
@@ -105,8 +105,8 @@ def test_float8_converts_only_the_large_linears_inside_the_dit_blocks(text_encod
     """torchtitan's rule: the first layers (embedders, text refiner) and the last (final layer) stay bf16,
     and so do projections with a side below float8_min_dim (or not a multiple of 16)."""
     from model.testing import micro_model_config
-    from training.parallel import float8_filter
-    from training.trainer import init_generator
+    from training.core.parallel import float8_filter
+    from training.core.trainer import init_generator
 
     gen = init_generator(micro_model_config(text_encoder_dir), 0)  # width 64, SwiGLU hidden 192
     linears = {name: m for name, m in gen.named_modules() if isinstance(m, torch.nn.Linear)}
@@ -124,9 +124,9 @@ def _steps(te_dir: str, parallel: dict, steps: int = 3, rows: slice = slice(None
     from kiln.config import TrainConfig
     from model.testing import micro_model_config
     from model.text_encoder import TextBatch
-    from training.muon import make_optimizer
-    from training.parallel import parallelize
-    from training.trainer import Learner, Runtime, StepBatch, init_generator, step_generator, train_step
+    from training.core.muon import make_optimizer
+    from training.core.parallel import parallelize
+    from training.core.trainer import Learner, Runtime, StepBatch, init_generator, step_generator, train_step
 
     torch.set_num_threads(1)
     tc = TrainConfig(lr=1e-2, caption_dropout=0.25, parallel=parallel)
@@ -178,7 +178,7 @@ def test_per_block_compile_trains_as_the_eager_model_does(text_encoder_dir):
 
 
 def test_the_math_attention_backend_trains_as_torch_s_choice_does(text_encoder_dir):
-    from training.gpu_settings import attention_context
+    from training.core.gpu_settings import attention_context
 
     plain_losses, _ = _steps(str(text_encoder_dir), {})
     with attention_context("math"):
@@ -188,7 +188,7 @@ def test_the_math_attention_backend_trains_as_torch_s_choice_does(text_encoder_d
 
 # ------------------------------------------------------------------------------------ stragglers
 def test_a_rank_slower_than_the_median_by_the_factor_is_a_straggler():
-    from training.stragglers import find_stragglers
+    from training.core.stragglers import find_stragglers
 
     assert find_stragglers([1.0, 1.02, 0.98, 1.01], 1.5) == []
     assert find_stragglers([1.0, 1.02, 2.1, 1.01], 1.5) == [2]
@@ -199,8 +199,8 @@ def test_a_rank_slower_than_the_median_by_the_factor_is_a_straggler():
 
 
 def test_telemetry_records_each_rank_s_time_and_flags_the_straggler(tmp_path):
-    from training.stragglers import find_stragglers
-    from training.telemetry import StepRecord, Telemetry
+    from training.core.stragglers import find_stragglers
+    from training.core.telemetry import StepRecord, Telemetry
 
     tel = Telemetry(tmp_path)
     for step, seconds in enumerate(([0.5, 0.51], [0.5, 1.4]), start=1):
@@ -217,8 +217,8 @@ def _free_port() -> int:
 
 
 def _rank(rank: int, world: int, port: int, delays: list[float], out: str) -> None:
-    from training.distributed import init_distributed
-    from training.stragglers import find_stragglers, gather_rank_seconds
+    from training.core.distributed import init_distributed
+    from training.core.stragglers import find_stragglers, gather_rank_seconds
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank))
     import torch.distributed as dist
@@ -245,7 +245,7 @@ def test_per_rank_times_are_gathered_and_the_injected_straggler_flagged_with_the
 def _bf16_rank(rank: int, world: int, port: int, te_dir: str, out: str) -> None:
     import torch.distributed as dist
 
-    from training.parallel import apply_fsdp, build_mesh
+    from training.core.parallel import apply_fsdp, build_mesh
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -330,8 +330,17 @@ def test_without_a_gpu_the_real_check_says_so_and_fails(tmp_path):
     assert "no CUDA device" in json.loads((tmp_path / "r.json").read_text())["error"]
 
 
-def test_kiln_config_of_the_gpu_ladder_still_loads_here():
-    """The krea ladder's rungs (device=cuda, float8 on the 1024 px rung) are config on a login node; the
-    machine check belongs to the run."""
-    cfg = load_config(["ladder=krea"])
-    assert isinstance(cfg, KilnConfig)
+def test_every_rung_of_the_gpu_ladder_composes_here_and_only_the_run_checks_the_machine():
+    """The krea ladder's rungs (device=cuda, float8 on some) are config a login node composes and validates;
+    the machine check belongs to the run, which names each setting a machine without CUDA cannot honour."""
+    from kiln.ladder import all_rungs, rung_base
+
+    no_gpu = Machine(cuda=False, capability=None, gpu_name=None, torchao=False, symmetric_memory=False)
+    rungs = all_rungs(load_config(["ladder=krea"]))
+    assert [r.name for r in rungs] == ["pretrain_256", "pretrain_512", "pretrain_1024", "midtrain", "sft"]
+    for rung in rungs:
+        cfg = load_config(rung_base(rung, ["ladder=krea"]))
+        assert cfg.train.device == "cuda", rung.name
+        with pytest.raises(ConfigError, match="train.device: cuda but this machine has no CUDA device") as refusal:
+            check_gpu_settings(cfg, no_gpu)
+        assert ("train.parallel.float8" in str(refusal.value)) == cfg.train.parallel.float8, rung.name

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from kiln.config import ConfigError, KilnConfig, PostConfig
-from training.grpo_train import grpo
+from training.post.grpo import grpo
 from training.testing import trained_micro_model
 
 pytestmark = [pytest.mark.slow]
@@ -69,7 +69,7 @@ class Brightness:
 
 def test_grpo_climbs_a_reward_it_can_move(sft, tmp_path):
     """The policy gradient's sign and scale: eight iterations raise the mean brightness of the samples."""
-    from training.rewards import RewardMix
+    from training.evaluation.rewards import RewardMix
 
     ckpt, cfg = sft
     post = {"iterations": 8, "prompts_per_iter": 4, "group_size": 8, "sample_steps": 8, "lr": 1e-3, "kl": 0.0, "save_every": 100}

@@ -5,9 +5,7 @@ bottom up. Found statically with ast: nothing is imported to look."""
 import ast
 from pathlib import Path
 
-from kiln.paths import REPO_ROOT
-
-PACKAGES = ("assets", "kiln", "training", "model", "dagster_project", "slurm")
+from kiln.paths import PACKAGES, REPO_ROOT
 
 
 def module_files(root: Path, packages=PACKAGES) -> dict[str, Path]:

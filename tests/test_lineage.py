@@ -1,5 +1,5 @@
-"""One lineage: a single connected graph from raw images to the evaluation, one table behind every door
-(Dagster, DVC), and versions that say what is stale."""
+"""One lineage: a single connected graph from raw images to the evaluation, one registry behind every door
+(Dagster, DVC, the CLI: tests/test_registry.py), and versions that say what is stale."""
 
 from __future__ import annotations
 
@@ -13,15 +13,11 @@ from dagster_project.definitions import defs
 from kiln.config import load_config
 from kiln.dvcgen import render, write_dvc_files
 from kiln.ladder import rungs
-from kiln.lineage import (
-    MAIN_CHAIN,
-    VOLATILE_FILES,
-    data_steps,
-    ladder_steps,
-    output_hash,
-    stage_code_files,
-    step_code_version,
-)
+from kiln.lineage import node_code_files, node_code_version
+from kiln.outputs import VOLATILE_FILES, output_hash
+from kiln.registry import asset_of, curation_nodes, ladder_train_sets, node
+
+MAIN_CHAIN = curation_nodes(load_config([]))
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,10 +34,11 @@ def test_the_asset_graph_is_one_connected_chain_from_raw_images_to_the_evaluatio
             todo.extend(neighbours[k])
     assert seen == set(keys), f"islands: {sorted(k.to_user_string() for k in set(keys) - seen)}"
     # and the main chain is a path: each step reads the one before it, and every rung's train set reads the last
-    packs = ladder_steps(load_config([]))
-    assert [s.upstream for s in MAIN_CHAIN[1:]] == [s.key for s in MAIN_CHAIN[:-1]] and {p.upstream for p in packs} == {MAIN_CHAIN[-1].key}
+    packs = ladder_train_sets(load_config([]))
+    upstream = lambda n: asset_of(n.read_paths[0])  # noqa: E731 - what a data step reads first: its upstream
+    assert [upstream(s) for s in MAIN_CHAIN[1:]] == [s.key for s in MAIN_CHAIN[:-1]] and {upstream(p) for p in packs} == {MAIN_CHAIN[-1].key}
     for s in [*MAIN_CHAIN, *packs]:
-        assert dg.AssetKey(s.upstream) in graph.get(dg.AssetKey(s.key)).parent_keys
+        assert dg.AssetKey(upstream(s)) in graph.get(dg.AssetKey(s.key)).parent_keys
 
 
 def test_the_ladder_chains_its_rungs_and_ends_in_the_pma_checkpoint():
@@ -83,19 +80,17 @@ def test_each_dvc_stage_depends_on_its_code_its_config_files_and_its_params():
 
 
 def test_a_code_version_moves_with_the_config_sections_of_its_step_and_no_other():
-    from kiln.config import load_config
-
-    base = load_config()
-    filtered, deduped = data_steps(base)[1], data_steps(base)[2]
-    changed = load_config(["data.filters.min_side=40"])
-    assert step_code_version(filtered, changed) != step_code_version(filtered, base)
-    assert step_code_version(deduped, changed) == step_code_version(deduped, base)
+    cfg = load_config([])
+    filtered, deduped = node("filtered", cfg), node("deduped", cfg)
+    changed = ["data.filters.min_side=40"]
+    assert node_code_version(filtered, changed) != node_code_version(filtered, [])
+    assert node_code_version(deduped, changed) == node_code_version(deduped, [])
 
 
-def test_a_stage_is_versioned_by_the_code_it_runs():
-    files = stage_code_files("filter")
+def test_a_stage_is_versioned_by_the_code_it_runs_and_not_by_the_executor_that_runs_it():
+    files = node_code_files(node("filtered", load_config([])))
     assert {"assets/filters.py", "assets/decode.py", "assets/hashes.py", "kiln/config/data.py"} <= set(files)
-    assert "assets/dedup.py" not in files
+    assert "assets/dedup.py" not in files and not any(f.startswith(("kiln/executors", "slurm/")) for f in files)
 
 
 def test_the_output_hash_is_the_one_dvc_records(tmp_path):
@@ -148,22 +143,23 @@ def test_a_config_change_marks_the_right_assets_stale(tmp_path, monkeypatch):
         return {k: resolver.get_status(dg.AssetKey(k)) for k in ("manifest", "filtered", "deduped")}
 
     assert set(status(defs.resolve_asset_graph()).values()) == {StaleStatus.FRESH}
-    # the definitions reloaded after an edit of conf/data/demo.yaml: dedup's radius changed
-    monkeypatch.setattr(lineage, "default_config", lambda: __import__("kiln.config").config.load_config(["data.dedup.phash_radius=20"]))
+    # the definitions reloaded under a profile whose dedup radius changed (an edit of conf/data/demo.yaml, or KILN_OVERRIDES)
+    monkeypatch.setenv("KILN_OVERRIDES", "data.dedup.phash_radius=20")
+    lineage.default_config.cache_clear()
     import importlib
 
     import dagster_project.assets as assets_module
     import dagster_project.checks as checks_module
     import dagster_project.definitions as definitions_module
-    import dagster_project.ladder as ladder_module
 
-    modules = (assets_module, checks_module, ladder_module, definitions_module)
+    modules = (assets_module, checks_module, definitions_module)
     for m in modules:
         importlib.reload(m)
     try:
         after = status(definitions_module.defs.resolve_asset_graph())
     finally:
         monkeypatch.undo()
+        lineage.default_config.cache_clear()
         for m in modules:
             importlib.reload(m)
     assert after == {"manifest": StaleStatus.FRESH, "filtered": StaleStatus.FRESH, "deduped": StaleStatus.STALE}

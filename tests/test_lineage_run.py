@@ -49,17 +49,15 @@ def test_every_asset_has_a_code_version():
     assert unversioned == []
 
 
-def test_an_asset_outside_the_stage_table_is_versioned_by_its_code_and_its_own_config_sections(monkeypatch):
-    import kiln.lineage as lineage
+def test_an_asset_outside_the_stage_table_is_versioned_by_its_code_and_its_own_config_sections():
     from kiln.config import load_config
+    from kiln.lineage import node_code_version
+    from kiln.registry import node
 
-    def version(*overrides):
-        monkeypatch.setattr(lineage, "default_config", lambda: load_config(list(overrides)))
-        return lineage.asset_code_version(("assets.concepts",), ("data.concepts",))
-
-    base = version()
-    assert version("data.concepts.alpha=0.7") != base  # its own section
-    assert version("data.filters.min_side=40") == base  # another stage's
+    coverage = node("coverage", load_config([]))
+    base = node_code_version(coverage, [])
+    assert node_code_version(coverage, ["data.concepts.alpha=0.7"]) != base  # its own section
+    assert node_code_version(coverage, ["data.filters.min_side=40"]) == base  # another stage's
 
 
 def test_a_selection_names_what_its_assets_read_but_leaves_out():

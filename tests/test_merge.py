@@ -1,4 +1,4 @@
-"""Model merging (training/merge.py): each method against its formula written out by hand on small
+"""Model merging (training/post/merge.py): each method against its formula written out by hand on small
 tensors, DARE's mask as a pure function of (seed, source, name, position), checkpoint merges that stream
 tensor by tensor into a Generator checkpoint, and the merge search."""
 
@@ -11,7 +11,8 @@ from pydantic import ValidationError
 from safetensors.torch import load_file, save_file
 
 from kiln.config import MergeConfig
-from training.merge import (
+from training.core.safetensors_stream import SafetensorsWriter, join_parts
+from training.post.merge import (
     block_index,
     dare,
     keep_mask,
@@ -21,13 +22,12 @@ from training.merge import (
     merge_state_dicts,
     search_candidates,
 )
-from training.safetensors_stream import SafetensorsWriter, join_parts
 
 
 @pytest.fixture(autouse=True)
 def _own_key(tmp_path_factory, monkeypatch):
     """Checkpoints are signed with a key of the test's own, not the user's."""
-    from training.manifest import KEY_ENV
+    from training.core.manifest import KEY_ENV
 
     monkeypatch.setenv(KEY_ENV, str(tmp_path_factory.getbasetemp() / "merge-checkpoint.key"))
 
@@ -162,7 +162,7 @@ def test_the_search_tries_the_listed_merges_then_the_weight_grid():
 # ------------------------------------------------------------------------------------------ checkpoints
 def _export(gen, folder, seed):
     """A perturbed copy of `gen`'s weights saved as a signed export folder."""
-    from training.checkpoint import write_export_manifest
+    from training.core.checkpoint import write_export_manifest
 
     torch.manual_seed(seed)
     with torch.no_grad():
@@ -186,7 +186,7 @@ def exports(text_encoder_dir, tmp_path):
 @pytest.mark.parametrize("method", ["linear", "task_arithmetic", "ties", "dare", "dare_ties"])
 def test_merging_exports_streams_into_a_generator_checkpoint(exports, tmp_path, method):
     from model.generator import Generator
-    from training.checkpoint import verify_export
+    from training.core.checkpoint import verify_export
 
     base, a, b = exports
     cfg = MergeConfig(method=method, weights=[2, 1], density=0.6, scale=0.9, seed=5)
@@ -205,7 +205,7 @@ def test_merging_exports_streams_into_a_generator_checkpoint(exports, tmp_path, 
 def test_checkpoints_of_different_models_or_corrupt_ones_are_refused(exports, text_encoder_dir, tmp_path):
     from model.generator import Generator
     from model.testing import micro_model_config
-    from training.manifest import CheckpointCorrupt
+    from training.core.manifest import CheckpointCorrupt
 
     base, a, b = exports
     other = _export(Generator.build(micro_model_config(text_encoder_dir, patch_size=4)), tmp_path / "other", 3)
@@ -226,8 +226,8 @@ def test_a_dcp_step_merges_like_its_export(text_encoder_dir, tmp_path):
     as its export (tests/test_merge_dcp.py does it for FSDP2 / TP shards saved by two ranks)."""
     from model.generator import Generator
     from model.testing import micro_model_config
-    from training.data import DataPosition
-    from training.dcp import Checkpointer, RunState
+    from training.core.data import DataPosition
+    from training.core.dcp import Checkpointer, RunState
 
     gen = Generator.build(micro_model_config(text_encoder_dir))
     folders = {}
@@ -255,7 +255,7 @@ def test_parts_joined_are_the_bytes_one_writer_writes(tmp_path):
     back = load_file(str(tmp_path / "joined.safetensors"))
     assert all(torch.equal(back[k], tensors[k]) for k in tensors)
     save_file(tensors, str(tmp_path / "library.safetensors"))  # the library reads what it writes; so does the writer's reader
-    from training.safetensors_stream import read_header
+    from training.core.safetensors_stream import read_header
 
     assert read_header(tmp_path / "library.safetensors")[0] == specs
 
@@ -309,7 +309,7 @@ def test_kiln_merge_reads_the_method_from_post_merge(exports, tmp_path, capsys):
 
 
 def test_each_rank_merges_a_disjoint_share_of_whole_tensors():
-    from training.merge import assign_tensors
+    from training.post.merge import assign_tensors
 
     specs = {f"t{i}": (torch.float32, (n,)) for i, n in enumerate([100, 7, 60, 40, 3, 50, 1])}
     shares = assign_tensors(specs, 3)

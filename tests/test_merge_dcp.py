@@ -43,12 +43,12 @@ def _worker(rank: int, world: int, port: int, te_dir: str, root: str, key_file: 
     import torch.distributed as dist
 
     from kiln.config import MergeConfig, ParallelConfig
-    from training.checkpoint import write_export_manifest
-    from training.data import DataPosition
-    from training.dcp import Checkpointer, RunState
-    from training.manifest import KEY_ENV
-    from training.merge import merge_dcp
-    from training.parallel import build_mesh, parallelize
+    from training.core.checkpoint import write_export_manifest
+    from training.core.data import DataPosition
+    from training.core.dcp import Checkpointer, RunState
+    from training.core.manifest import KEY_ENV
+    from training.core.parallel import build_mesh, parallelize
+    from training.post.merge import merge_dcp
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **{KEY_ENV: key_file})
@@ -73,10 +73,10 @@ def _worker(rank: int, world: int, port: int, te_dir: str, root: str, key_file: 
 def test_merging_sharded_dcp_steps_equals_merging_their_gathered_exports(text_encoder_dir, tmp_path, monkeypatch):
     from kiln.config import MergeConfig
     from model.generator import Generator
-    from training.checkpoint import verify_export
-    from training.dcp import complete_checkpoints
-    from training.manifest import KEY_ENV
-    from training.merge import merge_exports
+    from training.core.checkpoint import verify_export
+    from training.core.dcp import complete_checkpoints
+    from training.core.manifest import KEY_ENV
+    from training.post.merge import merge_exports
 
     key = tmp_path / "checkpoint.key"
     monkeypatch.setenv(KEY_ENV, str(key))

@@ -24,8 +24,8 @@ AVX2_DESCRIPTOR = "d18530595329ea92"
 DESCRIPTOR = """
 import hashlib
 import kiln
-from assets.demo_scenes import Background, Scene, Shape, render
-from assets.embed import classical_descriptor
+from components.demo_scenes import Background, Scene, Shape, render
+from model.image_encoders import classical_descriptor
 scenes = [Scene("single_shape", Background(bg), (Shape(c, s, "large", p),)) for c, s, p, bg in
           [("red", "circle", "left", "blue"), ("yellow", "triangle", "top", "purple"), ("white", "diamond", "center", "green")]]
 print(hashlib.sha256(b"".join(classical_descriptor(render(sc, 96, 96)).astype("<f4").tobytes() for sc in scenes)).hexdigest()[:16])

@@ -11,18 +11,15 @@ import pytest
 from caption_fixtures import deduped_rows, ocred_rows, scene_image, shape, sign
 from PIL import Image, ImageDraw, ImageFont
 
-from assets.ocr import (
+from assets.ocr import measure, ocr_rows, text_filter_rows, union_area
+from components.ocr_engines import (
     RapidOCREngine,
     TesseractEngine,
     TextBox,
     hocr_words,
-    measure,
     merge_lines,
-    ocr_rows,
     reading_order,
     spaced_text,
-    text_filter_rows,
-    union_area,
 )
 from kiln.config import OCRConfig, load_config
 from kiln.reasons import Reason

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from caption_fixtures import deduped_rows, scene_image, shape, sign
 
-from assets.ocr import RapidOCREngine, TextGate, ocr_rows
+from assets.ocr import TextGate, ocr_rows
+from components.ocr_engines import RapidOCREngine
 from kiln.schemas import OCRED, check_schema
 
 

@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from training.grpo import clipped_policy_loss, gaussian_kl, group_advantages
-from training.preference import DivergenceError, DivergenceGuard, dpo_loss
-from training.sde import gaussian_logprob, rollout, sde_mean_std, step_logprob
+from training.post.policy_gradient import clipped_policy_loss, gaussian_kl, group_advantages
+from training.post.preference import DivergenceError, DivergenceGuard, dpo_loss
+from training.post.sde import gaussian_logprob, rollout, sde_mean_std, step_logprob
 
 
 def test_dpo_loss_matches_the_formula_written_out_by_hand():

@@ -1,4 +1,4 @@
-"""Post-training under FSDP2 (+ TP) computes what one process computes (training/posttrain_run.py).
+"""Post-training under FSDP2 (+ TP) computes what one process computes (training/post/runner.py).
 
 A tiny generator whose heads split over tp=2 is trained by DPO and GRPO once in this process and once by two
 gloo ranks launched like torchrun (RANK / WORLD_SIZE / MASTER_ADDR in the environment, so the loops join the
@@ -21,10 +21,10 @@ import torch
 from safetensors.torch import load_file
 
 from kiln.config import KilnConfig, PostConfig, TrainConfig
-from training.checkpoint import STATE_FILE, TrainState, verify_export
-from training.data import DataPosition
-from training.dcp import step_dir
-from training.pairs import PAIRS, PAIRS_FILE, png
+from training.core.checkpoint import STATE_FILE, TrainState, verify_export
+from training.core.data import DataPosition
+from training.core.dcp import step_dir
+from training.post.pairs import PAIRS, PAIRS_FILE, png
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,7 @@ class Brightness:
 
 
 def brightness_mix():
-    from training.rewards import RewardMix
+    from training.evaluation.rewards import RewardMix
 
     return RewardMix([(Brightness(), 1.0)])
 
@@ -60,7 +60,7 @@ def config(te_dir, tp: int = 1) -> KilnConfig:
 def start(tmp_path_factory, text_encoder_dir):
     """A checkpoint folder of a micro generator with 4 heads / 2 kv heads (tp=2 divides them), every weight
     perturbed from its zero-closing init so every parameter gets a gradient, and 16x16 preference pairs."""
-    from assets.demo_scenes import demo_prompts, render
+    from components.demo_scenes import demo_prompts, render
     from model.dit import DiTConfig
     from model.generator import Generator
 
@@ -99,8 +99,8 @@ def _rank(rank: int, world: int, ports: list[int], ckpt: str, pairs: str, out: s
     (a job of its own, on a port of its own)."""
     import faulthandler
 
-    from training.dpo_train import dpo
-    from training.grpo_train import grpo
+    from training.post.dpo import dpo
+    from training.post.grpo import grpo
 
     faulthandler.dump_traceback_later(240, exit=True)
     torch.set_num_threads(1)
@@ -124,8 +124,8 @@ def history(folder, kind):
 
 @pytest.mark.distributed
 def test_two_ranks_train_dpo_and_grpo_to_the_weights_of_one_process(start, tmp_path, text_encoder_dir):
-    from training.dpo_train import dpo
-    from training.grpo_train import grpo
+    from training.post.dpo import dpo
+    from training.post.grpo import grpo
 
     ckpt, pairs = start
     one = {"dpo": dpo(ckpt, pairs, tmp_path / "dpo_one", config(text_encoder_dir)), "grpo": grpo(ckpt, tmp_path / "grpo_one", config(text_encoder_dir), mix=brightness_mix())}
@@ -153,7 +153,7 @@ def test_two_ranks_train_dpo_and_grpo_to_the_weights_of_one_process(start, tmp_p
 
 def test_a_run_killed_between_checkpoints_resumes_from_the_last_one_and_logs_each_step_once(start, tmp_path, text_encoder_dir):
     """Steps logged after the last checkpoint are done again by the resumed run: their lines are replaced, not repeated."""
-    from training.dpo_train import dpo
+    from training.post.dpo import dpo
 
     ckpt, pairs = start
     cfg = config(text_encoder_dir).model_copy(update={"post": PostConfig.model_validate({**POST, "dpo_steps": 4})})

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from kiln.config import load_config
+from kiln.databases import connect as db_connect
 from kiln.stage import read_dataset, run_stage
-from kiln.warehouse.cli import run_map
+from kiln.warehouse.run import run_map
 
 
 def _ids(folder):
@@ -43,7 +44,7 @@ def test_map_on_the_embedded_warehouse_matches_the_stage(manifest, tmp_path):
 def test_map_on_postgres_matches_the_stage(manifest, tmp_path, dsn):
     from kiln.warehouse import postgres as pg
 
-    with pg.connect(dsn) as conn:
+    with db_connect(dsn) as conn:
         pg.drop_job(conn, "cli_manifest", "filter")
         pg.drop_table(conn, "cli_manifest")
     cfg = load_config(["cluster.workers=1"])
@@ -58,15 +59,15 @@ def test_watch_finds_the_jobs_of_a_stage_by_itself(dsn):
     """`kiln map` keys its table names, so `kiln watch STAGE` looks the job up instead of being told the table."""
     import kiln.warehouse as wh
     from kiln.warehouse import postgres as pg
-    from kiln.warehouse.cli import job_tables
     from kiln.warehouse.probes import FILTERLIKE, probe_rows
+    from kiln.warehouse.run import job_tables
 
-    with pg.connect(dsn) as conn:
+    with db_connect(dsn) as conn:
         pg.drop_job(conn, "q_watch", FILTERLIKE.name)
     assert "q_watch" not in job_tables(FILTERLIKE.name, dsn)
     wh.map(FILTERLIKE, probe_rows(5), dsn=dsn, workers=0, table="q_watch", cfg=load_config())
     assert "q_watch" in job_tables(FILTERLIKE.name, dsn)
-    with pg.connect(dsn) as conn:
+    with db_connect(dsn) as conn:
         pg.drop_job(conn, "q_watch", FILTERLIKE.name)
 
 

@@ -21,6 +21,7 @@ import pytest
 
 import kiln.warehouse as wh
 from kiln.config import KilnConfig, load_config
+from kiln.databases import connect as db_connect
 from kiln.reasons import Reason
 from kiln.stage import Rejects, StageOutput
 from kiln.warehouse import postgres as pg
@@ -103,7 +104,7 @@ def test_embedded_paths_with_quotes_and_glob_characters_work(tmp_path):
 
 # ------------------------------------------------------------------------------------------- postgres
 def fresh(dsn: str, table: str, stage: str) -> str:
-    with pg.connect(dsn) as conn:
+    with db_connect(dsn) as conn:
         pg.drop_job(conn, table, stage)
         pg.drop_table(conn, table)
     return table
@@ -155,7 +156,7 @@ def test_postgres_a_queue_of_other_rows_is_refused_not_mixed_in(dsn):
         wh.map(COMPUTE, probe_rows(5), dsn=dsn, workers=0, table=table, cfg=CFG)  # five of the ten
     again = wh.map(COMPUTE, probe_rows(10), dsn=dsn, workers=0, table=table, cfg=CFG)
     assert again.progress().done == 10
-    with pg.connect(dsn) as conn:
+    with db_connect(dsn) as conn:
         assert len(pg.read_table(conn, table)) == 10  # nothing of the refused rows was loaded
 
 
@@ -188,7 +189,7 @@ def too_small(summary) -> int:
 @pytest.mark.postgres
 @pytest.mark.integration
 def test_kiln_map_on_postgres_gives_new_results_for_a_new_config(manifests, tmp_path, dsn):
-    from kiln.warehouse.cli import run_map
+    from kiln.warehouse.run import run_map
 
     quiet = {"log": lambda _: None}
     small = run_map("filter", manifests / "six", tmp_path / "a", load_config(["data.filters.min_side=128"]), dsn, 1, **quiet)
@@ -202,7 +203,7 @@ def test_kiln_map_on_postgres_gives_new_results_for_a_new_config(manifests, tmp_
 def test_kiln_map_embedded_runs_a_named_table_afresh_for_a_new_config_or_input(manifests, tmp_path, monkeypatch):
     """Even mapped into one table by name, the embedded warehouse never hands back another config's or another
     input's results: its job records both, and a change empties the job's folders before any row runs."""
-    from kiln.warehouse.cli import run_map
+    from kiln.warehouse.run import run_map
 
     monkeypatch.setenv("KILN_DATA", str(tmp_path / "data"))  # the embedded warehouse: this test's, not the checkout's
     quiet = {"log": lambda _: None}
@@ -220,7 +221,7 @@ def test_kiln_map_embedded_runs_a_named_table_afresh_for_a_new_config_or_input(m
 @pytest.mark.postgres
 @pytest.mark.integration
 def test_kiln_map_refuses_a_named_table_that_holds_another_inputs_rows(manifests, tmp_path, dsn):
-    from kiln.warehouse.cli import run_map
+    from kiln.warehouse.run import run_map
 
     cfg = load_config(["cluster.workers=1"])
     table = fresh(dsn, "qf_shared", "filter")
@@ -232,7 +233,7 @@ def test_kiln_map_refuses_a_named_table_that_holds_another_inputs_rows(manifests
 
 def test_kiln_map_fails_when_rows_out_are_not_the_rows_in():
     """The last check before OUT is written, whatever the warehouse handed back."""
-    from kiln.warehouse.cli import check_rows_out
+    from kiln.warehouse.run import check_rows_out
 
     rows = probe_rows(4)
     extra = probe_rows(6).select(["id", "uri"])

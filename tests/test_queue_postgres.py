@@ -16,6 +16,7 @@ import pytest
 
 import kiln.warehouse as wh
 from kiln.config import KilnConfig
+from kiln.databases import connect as db_connect
 from kiln.reasons import Reason
 from kiln.warehouse import postgres as pg
 from kiln.warehouse.probes import COMPUTE, REJECT_EVERY, probe_rows
@@ -25,7 +26,7 @@ CFG = KilnConfig()
 
 
 def fresh(dsn: str, table: str, stage: str = COMPUTE.name) -> str:
-    with pg.connect(dsn) as conn:
+    with db_connect(dsn) as conn:
         pg.drop_job(conn, table, stage)
         pg.drop_table(conn, table)
     return table
@@ -33,7 +34,7 @@ def fresh(dsn: str, table: str, stage: str = COMPUTE.name) -> str:
 
 def claimed(dsn: str, queue: str) -> int:
     """Rows some worker holds right now (claimed, no result yet)."""
-    with pg.connect(dsn) as conn:
+    with db_connect(dsn) as conn:
         return conn.execute(f'SELECT count(*) FROM "{queue}" WHERE claim IS NOT NULL AND status IS NULL').fetchone()[0]
 
 
@@ -163,7 +164,7 @@ def test_warehouse_tables_keep_exact_arrow_types(dsn):
          "flag": [True, None], "note": ["tab\tand\nnewline\\", None]},
         schema=schema,
     )
-    with pg.connect(dsn) as conn:
+    with db_connect(dsn) as conn:
         pg.load_rows(conn, table, data)
         pg.load_rows(conn, table, data)  # loading twice keeps one copy of each row
         assert pg.read_table(conn, table).equals(data)

@@ -7,8 +7,15 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from training.rewards import BradleyTerry, RewardMix, RubricReward, edit_distance, quoted_text, text_similarity
-from training.rubric import (
+from training.evaluation.rewards import (
+    BradleyTerry,
+    RewardMix,
+    RubricReward,
+    edit_distance,
+    quoted_text,
+    text_similarity,
+)
+from training.evaluation.rubric import (
     DemoGradedPixelJudge,
     DemoPixelJudge,
     Requirement,
@@ -23,7 +30,7 @@ from training.rubric import (
 
 def demo_images(size: int = 32) -> tuple[list[RubricPrompt], np.ndarray]:
     """The demo prompts and their scenes drawn by the renderer itself: images that meet every requirement."""
-    from assets.demo_scenes import demo_prompts, render
+    from components.demo_scenes import demo_prompts, render
 
     specs = demo_prompts()
     images = np.stack([np.asarray(render(s.scene, size, size))[None] for s in specs])  # [P, 1, H, W, 3]
@@ -66,7 +73,7 @@ def test_llm_written_requirements_are_read_from_its_q_lines():
 def test_the_llm_requirement_writer_loads_a_causal_lm_by_path_and_returns_a_rubric(tmp_path):
     from caption_fixtures import write_tiny_causal_lm
 
-    from training.rubric import LLMRequirementWriter
+    from training.evaluation.rubric import LLMRequirementWriter
 
     writer = LLMRequirementWriter(str(write_tiny_causal_lm(tmp_path / "llm")), max_new_tokens=8)
     rp = writer.write("a red circle")
@@ -78,7 +85,7 @@ def test_a_rubric_set_keeps_prompts_given_requirements_and_rejects_the_rest_with
     """What an LLM answers is parsed into requirements; a prompt it wrote no question for is rejected, not lost."""
     import json
 
-    from training.rubric import RUBRIC_FILE, write_rubric_set
+    from training.evaluation.rubric import RUBRIC_FILE, write_rubric_set
 
     answers = {"a red circle on a blue background": "Q: Is there a circle?\nQ: Is it red?\nQ: Is the background blue?", "a feeling of calm": "I cannot say."}
     report = write_rubric_set(list(answers), lambda p: RubricPrompt(p, parse_questions(answers[p])), tmp_path / "rubric", {"model": "llm"})
@@ -107,7 +114,7 @@ def test_kiln_rubric_writes_a_prompt_set_with_a_causal_lm_by_path(tmp_path, caps
 
 
 def test_a_vlm_judge_answers_each_requirement_with_a_probability(vlm):
-    from training.rubric import VLMJudge
+    from training.evaluation.rubric import VLMJudge
 
     prompts, images = demo_images()
     judge = VLMJudge(str(vlm))
@@ -132,8 +139,8 @@ def sign(text: str, size=(320, 96)) -> np.ndarray:
 
 
 def test_the_text_reward_reads_the_image_with_real_ocr_and_compares_it_with_the_quoted_text():
-    from assets.ocr import RapidOCREngine
-    from training.rewards import TextRenderingReward
+    from components.ocr_engines import RapidOCREngine
+    from training.evaluation.rewards import TextRenderingReward
 
     reward = TextRenderingReward(RapidOCREngine())
     images = np.stack([sign("PIZZA"), sign("PASTA"), np.full((96, 320, 3), 255, np.uint8)])
@@ -148,8 +155,8 @@ def test_a_bradley_terry_head_on_the_offline_descriptor_ranks_held_out_pairs_abo
     pairs, tested on scenes it never saw."""
     from PIL import ImageFilter
 
-    from assets.demo_scenes import render, sample_scene
-    from assets.embed import ClassicalEmbedder
+    from components.demo_scenes import render, sample_scene
+    from model.image_encoders import ClassicalEmbedder
 
     rng = np.random.default_rng(0)
     clean = [render(sample_scene(rng, "single_shape"), 64, 64) for _ in range(80)]
@@ -172,7 +179,7 @@ def test_a_bradley_terry_head_on_the_offline_descriptor_ranks_held_out_pairs_abo
 
 
 def test_a_reward_model_saves_and_loads_and_refuses_another_embedder(tmp_path):
-    from training.rewards import AestheticReward
+    from training.evaluation.rewards import AestheticReward
 
     model = BradleyTerry(np.array([1.0, -1.0]), "emb:a")
     loaded = BradleyTerry.load(model.save(tmp_path / "rm"))
@@ -193,10 +200,10 @@ def test_an_aesthetic_reward_named_in_config_scores_with_the_embedder_its_head_w
     then embeds with `data.embed` (the demo's offline descriptor) and prefers what the head was fit to prefer."""
     from PIL import ImageFilter
 
-    from assets.demo_scenes import render, sample_scene
-    from assets.embed import ClassicalEmbedder
+    from components.demo_scenes import render, sample_scene
     from kiln.config import load_config
-    from training.rewards import configured_reward_mix
+    from model.image_encoders import ClassicalEmbedder
+    from training.evaluation.rewards import configured_reward_mix
 
     rng = np.random.default_rng(0)
     clean = [render(sample_scene(rng, "single_shape"), 64, 64) for _ in range(40)]
@@ -225,7 +232,7 @@ def tiny_classifier(path, labels=("clean", "artifact")):
 
 
 def test_the_artifact_reward_is_one_minus_the_classifiers_artifact_probability(tmp_path):
-    from training.rewards import ArtifactReward
+    from training.evaluation.rewards import ArtifactReward
 
     path = tiny_classifier(tmp_path / "clf")
     reward = ArtifactReward(path, ["artifact"])
@@ -251,7 +258,7 @@ def test_the_mix_renormalises_weights_where_a_reward_cannot_score_a_prompt():
 
 def test_reward_means_average_the_mix_and_each_reward_over_the_images_it_could_score():
     """What a post-training checkpoint's page reports before and after: the mix's mean and each reward's."""
-    from training.rewards import reward_means
+    from training.evaluation.rewards import reward_means
 
     class ByPrompt:
         def __init__(self, name, table):
@@ -272,7 +279,7 @@ def test_the_evaluations_prompt_following_is_the_rubric_over_a_prompt_set_file(t
     """post.eval_prompts names a GenEval-style set for any checkpoint; the demo profile's judge is the pixel checker,
     named as the stand-in it is; without a file the evaluation scores the 12 demo prompts."""
     from kiln.config import load_config
-    from training.evaluate import eval_rubric
+    from training.evaluation.evaluate import eval_rubric
 
     prompts, _ = demo_images()
     path = write_prompt_set(tmp_path / "eval.jsonl", prompts[3:5])
@@ -294,8 +301,8 @@ def test_a_prompt_without_requirements_does_not_count_as_all_right():
 
 def test_the_rubric_with_the_pixel_judge_scores_exactly_what_the_demo_checker_did():
     """The evaluation's prompt following moved onto the rubric; on the demo its numbers are the checker's."""
-    from assets.demo_scenes import demo_prompts
-    from training.prompt_check import accuracy, expected_from_specs
+    from components.demo_scenes import demo_prompts
+    from training.evaluation.prompt_check import accuracy, expected_from_specs
 
     prompts, images = demo_images()
     rng = np.random.default_rng(3)
@@ -310,7 +317,7 @@ def demo_requirements_of(color: str, position: str, background: str) -> tuple[Re
 
 def disc_image(bg: str, fg: str, cx: int, cy: int, r: int = 6, size: int = 32, ground=None) -> np.ndarray:
     """One flat disc on a flat ground (`ground`: an RGB to paint instead of the palette's `bg`)."""
-    from assets.demo_scenes import COLORS
+    from components.demo_scenes import COLORS
 
     yy, xx = np.mgrid[0:size, 0:size]
     img = np.empty((size, size, 3), np.uint8)
@@ -322,8 +329,8 @@ def disc_image(bg: str, fg: str, cx: int, cy: int, r: int = 6, size: int = 32, g
 def test_the_graded_judge_agrees_with_the_pixel_judge_on_every_verdict_and_ranks_within_them():
     """Graded answers sit above 0.5 exactly where the checker says yes, so the evaluation's accuracies are
     unchanged; within a verdict they order images by how near they are to the request."""
-    from assets.demo_scenes import demo_prompts
-    from training.prompt_check import accuracy, expected_from_specs
+    from components.demo_scenes import demo_prompts
+    from training.evaluation.prompt_check import accuracy, expected_from_specs
 
     prompts, images = demo_images()
     rng = np.random.default_rng(11)  # not the seed of the exact-match test above
@@ -337,7 +344,7 @@ def test_the_graded_judge_agrees_with_the_pixel_judge_on_every_verdict_and_ranks
     # a red disc on the left of a blue ground, asked for a red shape on the left of a purple ground:
     # the background fails either way, but a ground halfway to purple is nearer than the blue one,
     # and a disc moved from the left edge towards the right is further from what was asked
-    from assets.demo_scenes import COLORS
+    from components.demo_scenes import COLORS
 
     rp = RubricPrompt("a red shape on the left, on a purple background", demo_requirements_of("red", "left", "purple"))
     base = disc_image("blue", "red", 8, 16)

@@ -18,16 +18,12 @@ from caption_fixtures import (
     sign,
     write_tiny_causal_lm,
 )
+from fresh import in_fresh_process
 
 from assets.caption import caption_rows
-from assets.prompt_pairs import make_prompt, prompt_pair_rows
-from assets.rewrite import (
-    LLMRewriter,
-    RuleRewriter,
-    make_rewriter,
-    rewrite_rows,
-    rule_forms,
-)
+from assets.prompt_pairs import prompt_pair_rows
+from assets.rewrite import LLMRewriter, RuleRewriter, make_rewriter, rewrite_rows
+from components.rule_text import make_prompt, rule_forms
 from kiln.config import RewriteConfig, load_config
 from kiln.reasons import Reason
 from kiln.sampling import FORMS, pick_form
@@ -104,7 +100,9 @@ def test_training_draws_forms_with_the_configured_probabilities():
     counts = Counter(pick_form(f"id{i}", probs, seed=0) for i in range(4000))
     for form, p in probs.items():
         assert counts[form] / 4000 == pytest.approx(p, abs=0.025)
-    assert pick_form("x", probs, 0, epoch=0) == pick_form("x", probs, 0, epoch=0)
+    draws = [pick_form(f"id{i}", probs, 0, epoch=e) for i in range(20) for e in range(3)]
+    code = f"import json; from kiln.sampling import pick_form; print(json.dumps([pick_form(f'id{{i}}', {probs!r}, 0, epoch=e) for i in range(20) for e in range(3)]))"
+    assert in_fresh_process(code) == draws  # a pure function of (id, probabilities, seed, epoch): every rank draws alike
     assert len({pick_form("x", probs, 0, epoch=e) for e in range(30)}) > 1  # a new draw per epoch
 
 

@@ -13,8 +13,7 @@ import pytest
 
 from kiln.cli import main
 from kiln.config import load_config
-from kiln.lineage import output_hash
-from kiln.outputs import MARKER, ChecksumError, OutputError, staged_output, swap_in
+from kiln.outputs import MARKER, ChecksumError, OutputError, output_hash, staged_output, swap_in
 from kiln.schemas import REJECTED
 from kiln.stage import (
     StageOutput,
@@ -80,7 +79,7 @@ def test_the_raw_images_survive_an_ingest_whose_output_is_their_folder(manifest,
 
 
 def test_the_slurm_array_door_refuses_before_submitting_anything(manifest):
-    from slurm.arrays import run_stage_array
+    from kiln.executors.slurm_array import run_stage_array
 
     with pytest.raises(OutputError, match="is the input"):  # no Slurm needed: the check comes before any job
         run_stage_array("filter", manifest, manifest, load_config(["cluster=test"]))
@@ -257,7 +256,7 @@ def test_dagster_rematerializes_into_its_own_outputs(tmp_path, monkeypatch):
 @pytest.mark.slurm
 @pytest.mark.integration
 def test_a_slurm_array_task_checks_its_shard_and_the_merge_leaves_no_scratch(manifest, tmp_path, slurm_cluster):
-    from slurm.arrays import run_stage_array
+    from kiln.executors.slurm_array import run_stage_array
     from slurm.jobs import SlurmJobFailed
 
     cfg = load_config(["cluster=test", f"cluster.log_dir={tmp_path / 'slurm'}", "cluster.poll_s=0.3"])

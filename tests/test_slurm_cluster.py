@@ -18,8 +18,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from kiln.config import load_config
+from kiln.executors.slurm_array import run_stage_array
 from kiln.stage import run_stage
-from slurm.arrays import run_stage_array
 from slurm.jobs import SlurmJobFailed, current_state, log_tail, submit, submit_and_wait, watch
 from slurm.launcher import TaskSpec
 from slurm.selftest import CHECKPOINT, reference_sgd
@@ -38,7 +38,7 @@ def quiet(_msg: str) -> None:
 def test_two_gloo_tasks_on_the_gpu_partition_reach_the_in_process_loss(cfg, tmp_path):
     gpu = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"partition": "gpu", "gpus_per_node": 2})})
     spec = TaskSpec("slurm.selftest:allreduce_sgd", (str(tmp_path / "run"),), {"steps": 8})
-    report = submit_and_wait(spec, gpu, log=quiet)
+    report = submit_and_wait(spec, gpu.cluster, gpu, log=quiet)
 
     reference = reference_sgd(2, steps=8)
     assert report.state == "COMPLETED" and report.nodes == "localhost"
@@ -55,15 +55,15 @@ def test_two_gloo_tasks_on_the_gpu_partition_reach_the_in_process_loss(cfg, tmp_
 def test_the_trainer_as_a_two_task_job_reaches_the_in_process_loss(cfg, tmp_path, text_encoder_dir):
     """`kiln submit train`'s task: the real trainer, FSDP2 over 2 gloo ranks (one per fake GPU), against
     the same run in this process; the job resumes from DCP, so it is also what a requeue continues."""
-    from slurm.launcher import train_task
-    from training.telemetry import read_metrics
+    from kiln.executors import train_task
+    from training.core.telemetry import read_metrics
+    from training.core.trainer import train
     from training.testing import scene_rows, tiny_config, write_pack_output
-    from training.trainer import train
 
     data = write_pack_output(tmp_path / "pack", scene_rows(24, seed=3, buckets=((32, 32),), batch_size=8))
     run = tiny_config(text_encoder_dir, steps=4, warmup_steps=1, holdout=0)
     gpu = cfg.cluster.model_copy(update={"partition": "gpu", "gpus_per_node": 2})
-    report = submit_and_wait(train_task(data, tmp_path / "job"), run.model_copy(update={"cluster": gpu}), log=quiet)
+    report = submit_and_wait(train_task(data, tmp_path / "job", run), gpu, run.model_copy(update={"cluster": gpu}), log=quiet)
     reference = train(data, tmp_path / "inproc", run)
 
     assert report.state == "COMPLETED" and len(report.results) == 2
@@ -102,13 +102,13 @@ def _wait_until(predicate, timeout_s: float, what: str, job=None) -> None:
 
 def test_a_preempted_job_is_requeued_and_resumes_from_its_checkpoint(cfg, tmp_path):
     out = tmp_path / "run"
-    job = submit(TaskSpec("slurm.selftest:allreduce_sgd", (str(out),), {"steps": 12, "step_sleep_s": 0.25}), cfg, log=quiet)
+    job = submit(TaskSpec("slurm.selftest:allreduce_sgd", (str(out),), {"steps": 12, "step_sleep_s": 0.25}), cfg.cluster, cfg, log=quiet)
     _wait_until(lambda: _checkpoint_step(out / CHECKPOINT) >= 3, 300, "three checkpointed steps", job)
     job._interrupt()  # what Slurm sends before preemption: SIGTERM, then USR2
     # Slurm holds a requeued job back for two minutes (BeginTime); let it start again now
     _wait_until(lambda: query_states([job.job_id]).get(job.job_id).state == "PENDING", 60, "the requeue")
     subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=True, timeout=30)
-    report = watch(job, cfg, log=quiet)
+    report = watch(job, cfg.cluster, log=quiet)
 
     reference = reference_sgd(2, steps=12)
     assert report.restarts == 1
@@ -120,22 +120,22 @@ def test_a_preempted_job_is_requeued_and_resumes_from_its_checkpoint(cfg, tmp_pa
 
 
 def test_a_preempted_training_job_resumes_from_dcp_to_the_uninterrupted_run(cfg, tmp_path, text_encoder_dir):
-    from slurm.launcher import train_task
-    from training.dcp import complete_checkpoints
-    from training.telemetry import read_metrics
+    from kiln.executors import train_task
+    from training.core.dcp import complete_checkpoints
+    from training.core.telemetry import read_metrics
+    from training.core.trainer import train
     from training.testing import scene_rows, tiny_config, write_pack_output
-    from training.trainer import train
 
     data = write_pack_output(tmp_path / "pack", scene_rows(24, seed=4, buckets=((32, 32),), batch_size=8))
     run = tiny_config(text_encoder_dir, steps=60, warmup_steps=2, holdout=0, dcp={"every": 4, "keep": 2, "async_save": False})
     one_gpu = cfg.cluster.model_copy(update={"partition": "gpu", "gpus_per_node": 1})
     out = tmp_path / "job"
-    job = submit(train_task(data, out), run.model_copy(update={"cluster": one_gpu}), log=quiet)
+    job = submit(train_task(data, out, run), one_gpu, run.model_copy(update={"cluster": one_gpu}), log=quiet)
     _wait_until(lambda: any(int(d.name.split("-")[1]) >= 8 for d in complete_checkpoints(out)), 300, "two checkpoints", job)
     job._interrupt()  # SIGTERM then USR2, as before a preemption: submitit requeues the job
     _wait_until(lambda: query_states([job.job_id]).get(job.job_id).state == "PENDING", 60, "the requeue")
     subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=True, timeout=30)
-    report = watch(job, cfg, log=quiet)
+    report = watch(job, cfg.cluster, log=quiet)
     reference = train(data, tmp_path / "inproc", run)
 
     assert report.restarts == 1
@@ -181,7 +181,7 @@ def pq_uris(folder: Path) -> list[str]:
 
 def test_a_failing_job_raises_with_its_traceback_and_log_paths(cfg):
     with pytest.raises(SlurmJobFailed) as err:
-        submit_and_wait(TaskSpec("os:getcwd", distributed=False), cfg, log=quiet)
+        submit_and_wait(TaskSpec("os:getcwd", distributed=False), cfg.cluster, cfg, log=quiet)
     report = err.value.report
     assert report.state == "FAILED"
     assert "TypeError" in str(err.value) and f"slurm job {report.job_id}" in str(err.value)
@@ -191,16 +191,16 @@ def test_a_failing_job_raises_with_its_traceback_and_log_paths(cfg):
 
 def test_a_job_cancelled_by_slurm_is_reported_without_an_accounting_database(cfg):
     long_job = TaskSpec("slurm.selftest:allreduce_sgd", ("/nonexistent",), {"steps": 1000, "step_sleep_s": 1.0}, distributed=False)
-    job = submit(long_job, cfg, log=quiet)
+    job = submit(long_job, cfg.cluster, cfg, log=quiet)
     _wait_until(lambda: query_states([job.job_id])[job.job_id].state == "RUNNING", 60, "the job to start")
     subprocess.run(["scancel", job.job_id], check=True, timeout=30)
     with pytest.raises(SlurmJobFailed, match="CANCELLED") as err:
-        watch(job, cfg, log=quiet)
+        watch(job, cfg.cluster, log=quiet)
     assert err.value.report.state == "CANCELLED"
 
 
 def test_kiln_submit_prints_the_job_id_and_its_logs(slurm_cluster, tmp_path, capsys):
-    from slurm.cli import main
+    from kiln.cli.submit import main
 
     logs = tmp_path / "slurm"
     assert main(["submit", "selftest", "--out", str(tmp_path / "run"), "cluster=test", f"cluster.log_dir={logs}"]) == 0

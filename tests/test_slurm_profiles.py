@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fresh import in_fresh_process
 
 from kiln.config import ConfigError, load_config
 from kiln.paths import REPO_ROOT
@@ -103,7 +104,9 @@ def test_a_job_imports_the_snapshot_not_the_live_tree(tmp_path):
 
 
 def test_master_port_is_shared_by_a_run_and_changes_after_a_requeue():
-    assert master_port("123", 0) == master_port("123", 0)
+    ports = [master_port(job, restart) for job in ("123", "98765_4") for restart in range(3)]
+    code = "import json; from slurm.environment import master_port; print(json.dumps([master_port(j, r) for j in ('123', '98765_4') for r in range(3)]))"
+    assert in_fresh_process(code) == ports  # every task of the run, each its own process, agrees on it
     assert master_port("123", 0) != master_port("123", 1)
     assert 20000 <= master_port("123", 5) < 60000
 
@@ -124,11 +127,11 @@ def test_selftest_resumed_from_a_checkpoint_ends_where_an_uninterrupted_run_ends
 
 def test_local_profile_runs_jobs_as_local_subprocesses(tmp_path):
     cfg = load_config(["cluster=local", f"++cluster.log_dir={tmp_path}", "++cluster.poll_s=0.2"])
-    report = submit_and_wait(TaskSpec("kiln.config:to_yaml", distributed=False), cfg, log=lambda m: None)
+    report = submit_and_wait(TaskSpec("kiln.config:to_yaml", distributed=False), cfg.cluster, cfg, log=lambda m: None)
     assert report.state == "COMPLETED"
     assert "kind: local" in report.result
     with pytest.raises(SlurmJobFailed, match="TypeError"):
-        submit_and_wait(TaskSpec("os:getcwd", distributed=False), cfg, log=lambda m: None)
+        submit_and_wait(TaskSpec("os:getcwd", distributed=False), cfg.cluster, cfg, log=lambda m: None)
 
 
 @pytest.mark.gpu
@@ -136,7 +139,7 @@ def test_local_profile_runs_jobs_as_local_subprocesses(tmp_path):
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
 def test_on_a_gpu_the_selftest_runs_over_nccl_on_the_device(tmp_path):
     cfg = load_config(["cluster=local", f"++cluster.log_dir={tmp_path}", "++cluster.gpus_per_node=1", "++cluster.poll_s=0.2"])
-    report = submit_and_wait(TaskSpec("slurm.selftest:allreduce_sgd", (str(tmp_path / "run"),), {"steps": 5}), cfg, log=lambda m: None)
+    report = submit_and_wait(TaskSpec("slurm.selftest:allreduce_sgd", (str(tmp_path / "run"),), {"steps": 5}), cfg.cluster, cfg, log=lambda m: None)
     (r,) = report.results
     assert (r["backend"], r["device"]) == ("nccl", "cuda:0")
     assert r["losses"] == pytest.approx(reference_sgd(1, steps=5)["losses"], rel=1e-4)

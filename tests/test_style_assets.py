@@ -7,12 +7,12 @@ import json
 import dagster as dg
 import pytest
 
+from dagster_project.assets import ASSETS
 from dagster_project.resources import KilnResource
-from dagster_project.style import checkpoint_style
 from kiln.cli import main
 from model.testing import write_tiny_text_encoder
+from training.core.trainer import train
 from training.testing import scene_rows, tiny_config, write_pack_output
-from training.trainer import train
 
 SMALL = ["style.steps=2", "style.batch_size=2", "style.save_every=2", "style.eval_cases=2", "style.eval_steps=2", "style.eval_strengths=[0.0,0.5,1.0]"]
 
@@ -28,7 +28,7 @@ def data(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.integration
 def test_checkpoint_style_materializes_with_transfer_and_leakage_per_strength(data):
-    result = dg.materialize([checkpoint_style], resources={"kiln": KilnResource(overrides=SMALL, data_dir=str(data))}, instance=dg.DagsterInstance.ephemeral())
+    result = dg.materialize([ASSETS["checkpoint_style"]], resources={"kiln": KilnResource(overrides=SMALL, data_dir=str(data))}, instance=dg.DagsterInstance.ephemeral())
     assert result.success
     md = result.asset_materializations_for_node("checkpoint_style")[0].metadata
     for s in ("0", "0.5", "1"):
@@ -46,7 +46,7 @@ def test_the_asset_depends_on_checkpoint_and_is_in_the_definitions():
 
 
 def test_style_train_refuses_a_folder_that_is_no_checkpoint_and_writes_nothing(tmp_path, capsys):
-    assert main(["style-train", "--checkpoint", str(tmp_path / "missing"), "--out", str(tmp_path / "out")]) == 1
+    assert main(["style-train", "--checkpoint", str(tmp_path / "missing"), "--out", str(tmp_path / "out")]) == 2
     assert "not a checkpoint folder" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 

@@ -1,4 +1,4 @@
-"""Self-supervised style training (training/style_train.py) from a tiny checkpoint without a reference
+"""Self-supervised style training (training/style/train.py) from a tiny checkpoint without a reference
 pathway, its DCP kill-and-resume, the demo's style pairs and the transfer / leakage metrics."""
 
 from __future__ import annotations
@@ -10,18 +10,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from assets.demo_scenes import Background, Scene, Shape, render
+from components.demo_scenes import Background, Scene, Shape, render
 from kiln.config import KilnConfig, StyleConfig
 from model.generator import Generator
-from training.style_data import (
+from training.style.data import (
     content_prompt,
     family_member,
     style_cases,
     style_pair,
     style_scores,
 )
-from training.style_eval import evaluate_style
-from training.style_train import style_train
+from training.style.evaluate import evaluate_style
+from training.style.train import style_train
 from training.testing import trained_micro_model
 
 STYLE = {"steps": 4, "batch_size": 4, "save_every": 2, "lr": 1e-3, "eval_cases": 4, "eval_steps": 2, "eval_strengths": [0.0, 0.5, 1.0]}

@@ -1,4 +1,4 @@
-"""TDM's loss terms (training/tdm.py) against formulas written out by hand on fixed small tensors.
+"""TDM's loss terms (training/post/tdm.py) against formulas written out by hand on fixed small tensors.
 
 Convention (model/flow.py): x_t = (1 - t) x0 + t eps, v = eps - x0, t = 1 is noise. Every tensor here is
 [B=2, 1, 1, 2] so each number can be checked on paper."""
@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from training.tdm import (
+from training.post.tdm import (
     distribution_matching_loss,
     effective_noise,
     fake_score_loss,

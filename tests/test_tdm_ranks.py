@@ -1,5 +1,5 @@
-"""TDM distillation under FSDP2 (+ TP) computes what one process computes (training/tdm_train.py on the
-shared runner, training/posttrain_run.py).
+"""TDM distillation under FSDP2 (+ TP) computes what one process computes (training/post/distill.py on the
+shared runner, training/post/runner.py).
 
 A tiny teacher whose heads split over tp=2 is distilled once in this process and once by two gloo ranks
 launched like torchrun (RANK / WORLD_SIZE / MASTER_ADDR in the environment, so `distill` joins the group
@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import load_file
 
 from kiln.config import KilnConfig, PostConfig, TrainConfig
-from training.checkpoint import STATE_FILE, TrainState, verify_export
-from training.data import DataPosition
+from training.core.checkpoint import STATE_FILE, TrainState, verify_export
+from training.core.data import DataPosition
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -64,7 +64,7 @@ def _rank(rank: int, world: int, ports: list[int], ckpt: str, out: str, te_dir: 
     """One rank of torchrun-style jobs, each run a job of its own on a port of its own."""
     import faulthandler
 
-    from training.tdm_train import distill
+    from training.post.distill import distill
 
     faulthandler.dump_traceback_later(240, exit=True)
     torch.set_num_threads(1)
@@ -87,7 +87,7 @@ def history(folder) -> list[dict]:
 
 
 def test_two_ranks_distil_the_student_one_process_distils(teacher, tmp_path, text_encoder_dir):
-    from training.tdm_train import distill
+    from training.post.distill import distill
 
     one = distill(teacher, tmp_path / "tdm_one", config(text_encoder_dir))
     torch.multiprocessing.spawn(_rank, args=(2, [_free_port() for _ in range(4)], str(teacher), str(tmp_path), str(text_encoder_dir)), nprocs=2, join=True)

@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 
 from kiln.cli import main as kiln_main
 from kiln.config import KilnConfig, PostConfig
-from training.sampling import read_sampler_settings, sample_to_dir, with_sampler_settings
-from training.tdm_train import distill
+from training.evaluation.sampling import read_sampler_settings, sample_to_dir, with_sampler_settings
+from training.post.distill import distill
 from training.testing import trained_micro_model
 
 pytestmark = [pytest.mark.slow]
@@ -49,8 +49,8 @@ def test_distill_trains_a_student_that_carries_its_own_sampler_settings(teacher,
     assert with_sampler_settings(cfg, own).train.eval.steps == 3 and with_sampler_settings(cfg, own).train.sample.cfg_scale == 1.0
     assert (sample_to_dir(out, tmp_path / "samples", cfg)).exists()
     # the sampler settings are under the export's checksums: an edited sampler.json is caught before use
-    from training.checkpoint import verify_export
-    from training.manifest import CheckpointCorrupt
+    from training.core.checkpoint import verify_export
+    from training.core.manifest import CheckpointCorrupt
 
     (out / "sampler.json").write_text((out / "sampler.json").read_text().replace('"steps": 3', '"steps": 30'))
     with pytest.raises(CheckpointCorrupt, match="sampler.json"):
@@ -81,7 +81,7 @@ def test_kiln_distill_runs_from_the_command_line_and_refuses_to_replace_an_earli
     assert kiln_main(args) == 0
     assert read_sampler_settings(out).steps == 2 and read_sampler_settings(out).cfg_scale == 1.0
     before = weights(out)
-    assert kiln_main(args) == 1  # a fresh run into the folder would replace its checkpoints: refused, nothing touched
+    assert kiln_main(args) == 2  # a fresh run into the folder would replace its checkpoints: refused, nothing touched
     assert "--resume" in capsys.readouterr().err
     assert all(torch.equal(before[k], weights(out)[k]) for k in before)
     assert kiln_main([*args, "--resume"]) == 0  # already at its last iteration: exported again, unchanged

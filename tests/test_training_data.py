@@ -4,9 +4,10 @@ import itertools
 
 import pyarrow as pa
 import pytest
+from fresh import in_fresh_process
 
 from kiln.schemas import TRAIN
-from training.data import DataPosition, TrainSet, holdout_ids, next_position
+from training.core.data import DataPosition, TrainSet, holdout_ids, next_position
 from training.testing import scene_rows, write_pack_output
 
 BUCKETS = ((32, 32), (24, 40))
@@ -18,9 +19,13 @@ def table():
 
 
 @pytest.fixture(scope="module")
-def train_set(table, tmp_path_factory):
-    folder = write_pack_output(tmp_path_factory.mktemp("pack"), table, shard_rows=16)
-    return TrainSet.from_dir(folder, max_batch_size=4, holdout=5)
+def pack(table, tmp_path_factory):
+    return write_pack_output(tmp_path_factory.mktemp("pack"), table, shard_rows=16)
+
+
+@pytest.fixture(scope="module")
+def train_set(pack):
+    return TrainSet.from_dir(pack, max_batch_size=4, holdout=5)
 
 
 def test_every_batch_comes_from_one_bucket_with_pixels_of_that_size(train_set):
@@ -38,9 +43,13 @@ def test_an_epoch_yields_every_training_row_once_and_never_a_held_out_row(train_
     assert set(ids) | held == set(table.column("id").to_pylist())
 
 
-def test_epoch_zero_keeps_pack_order_and_later_epochs_reshuffle_deterministically(train_set):
+def test_epoch_zero_keeps_pack_order_and_later_epochs_reshuffle_deterministically(train_set, pack):
     assert train_set.epoch_order(0, seed=7) == list(range(len(train_set)))
-    assert train_set.epoch_order(1, seed=7) == train_set.epoch_order(1, seed=7)
+    code = (
+        f"import json, pathlib; from training.core.data import TrainSet\n"
+        f"s = TrainSet.from_dir(pathlib.Path({str(pack)!r}), max_batch_size=4, holdout=5); print(json.dumps(s.epoch_order(1, seed=7)))"
+    )
+    assert in_fresh_process(code) == train_set.epoch_order(1, seed=7)  # what a resumed run, or another rank, shuffles to
     assert train_set.epoch_order(1, seed=7) != train_set.epoch_order(2, seed=7)
     assert train_set.epoch_order(1, seed=7) != train_set.epoch_order(1, seed=8)
     assert sorted(train_set.epoch_order(3, seed=7)) == list(range(len(train_set)))
@@ -71,7 +80,7 @@ def test_a_packed_batch_that_mixes_buckets_is_refused(table):
 
 def test_read_ahead_keeps_the_stream_order_whatever_the_worker_count(train_set):
     from model.autoencoder import PixelAutoencoder
-    from training.loader import Prefetcher, StepInput
+    from training.core.loader import Prefetcher, StepInput
 
     ae = PixelAutoencoder()
 
@@ -90,7 +99,7 @@ def test_read_ahead_keeps_the_stream_order_whatever_the_worker_count(train_set):
 def test_the_loader_reads_ahead_on_gpus_but_not_on_cpus_unless_told():
     """A loader thread on CPU starts its own OpenMP team and slows the step (benchmarks/bench_trainer_overhead.py)."""
     from kiln.config import load_config
-    from training.loader import loader_workers
+    from training.core.loader import loader_workers
 
     assert load_config([]).train.loader_workers is None
     assert loader_workers(None, "cpu") == 0

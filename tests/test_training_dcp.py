@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from training.dcp import complete_checkpoints
-from training.telemetry import read_metrics
+from training.core.dcp import complete_checkpoints
+from training.core.telemetry import read_metrics
+from training.core.trainer import train
 from training.testing import scene_rows, tiny_config, write_pack_output
-from training.trainer import train
 
 STEPS = 6
 

@@ -94,7 +94,7 @@ def test_the_sft_rung_trains_on_its_mix_and_every_other_row_is_rejected_with_the
 
 
 def test_no_rung_trains_on_the_rows_evaluation_holds_out(ladder):
-    from training.evaluate import heldout_rows
+    from training.evaluation.evaluate import heldout_rows
 
     data, _ = ladder
     held = set(json.loads((data / "checkpoint_pretrain" / "heldout.json").read_text())["ids"])
@@ -110,8 +110,8 @@ def test_checkpoint_is_the_pma_of_the_last_sft_step_checkpoints(ladder):
     from safetensors.torch import load_file
 
     from model.generator import Generator
-    from training.dcp import complete_checkpoints
-    from training.pma import dcp_step_weights
+    from training.core.dcp import complete_checkpoints
+    from training.core.pma import dcp_step_weights
 
     data, _ = ladder
     pma = json.loads((data / "checkpoint" / "pma.json").read_text())

@@ -3,7 +3,7 @@ half is torch's AdamW and the Muon half is torch's Muon (with Moonshot's AdamW-m
 
 import torch
 
-from training.muon import Muon, newton_schulz, param_groups, uses_muon
+from training.core.muon import Muon, newton_schulz, param_groups, uses_muon
 
 
 def test_newton_schulz_maps_a_matrix_close_to_its_orthogonal_polar_factor():

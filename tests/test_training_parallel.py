@@ -58,10 +58,10 @@ def _worker(rank: int, world: int, port: int, te_dir: str, out: str, cases: list
     import torch.distributed as dist
 
     from kiln.config import ParallelConfig, TrainConfig
-    from training.distributed import full_model_state, local_rows
-    from training.muon import make_optimizer
-    from training.parallel import build_mesh, parallelize
-    from training.trainer import Learner, Runtime, StepBatch, step_generator, train_step
+    from training.core.distributed import full_model_state, local_rows
+    from training.core.muon import make_optimizer
+    from training.core.parallel import build_mesh, parallelize
+    from training.core.trainer import Learner, Runtime, StepBatch, step_generator, train_step
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from model.generator import Generator
-from training.pma import average_checkpoints, last_k
+from training.core.pma import average_checkpoints, last_k
 
 
 def _checkpoint(gen, folder, step, seed):

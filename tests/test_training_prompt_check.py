@@ -5,8 +5,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from assets.demo_scenes import COLORS, demo_prompts, render
-from training.prompt_check import (
+from components.demo_scenes import COLORS, demo_prompts, render
+from training.evaluation.prompt_check import (
     ATTRIBUTES,
     CONDITIONAL_ATTRIBUTES,
     Expected,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kiln.config import RepaConfig
-from training.repa import ClassicalTeacher, Projector, Repa, repa_active, repa_loss, teacher_targets
+from training.core.repa import ClassicalTeacher, Projector, Repa, repa_active, repa_loss, teacher_targets
 
 
 def test_the_loss_is_minus_the_mean_token_cosine():
@@ -65,7 +65,7 @@ def test_conv_projector_sees_spatial_neighbours():
 def _renders(*shapes: str) -> torch.Tensor:
     import numpy as np
 
-    from assets.demo_scenes import Background, Scene, Shape, render
+    from components.demo_scenes import Background, Scene, Shape, render
     from model.autoencoder import from_uint8_nhwc
 
     scenes = [Scene("single_shape", Background("blue"), (Shape("red", s, "large", "center"),)) for s in shapes]

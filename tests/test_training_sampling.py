@@ -11,7 +11,7 @@ import pytest
 from scipy.stats import binomtest, chisquare
 
 from kiln.config import RewriteConfig
-from training.data import DataPosition, TrainSet, next_position
+from training.core.data import DataPosition, TrainSet, next_position
 from training.testing import scene_rows, write_pack_output
 
 BUCKETS = ((8, 8), (8, 16))

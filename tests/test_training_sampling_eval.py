@@ -7,12 +7,12 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from assets.demo_scenes import demo_prompts
+from components.demo_scenes import demo_prompts
 from model.testing import write_tiny_text_encoder
-from training.evaluate import evaluate
-from training.sampling import SAMPLES, sample_to_dir
+from training.core.trainer import train
+from training.evaluation.evaluate import evaluate
+from training.evaluation.sampling import SAMPLES, sample_to_dir
 from training.testing import scene_rows, tiny_config, write_pack_output
-from training.trainer import train
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +41,8 @@ def test_sampling_is_deterministic_and_takes_a_prompts_file(trained, tmp_path):
     ckpt, _, cfg = trained
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("# two prompts\na large red circle on the left, on a blue background\n\na small white square at the top, on a black background\n")
-    sample_to_dir(ckpt, tmp_path / "one", cfg, prompts_file=str(prompts))
-    sample_to_dir(ckpt, tmp_path / "two", cfg, prompts_file=str(prompts))
+    sample_to_dir(ckpt, tmp_path / "one", cfg, prompts=str(prompts))
+    sample_to_dir(ckpt, tmp_path / "two", cfg, prompts=str(prompts))
     assert (tmp_path / "one" / "samples.parquet").read_bytes() == (tmp_path / "two" / "samples.parquet").read_bytes()
     assert pq.read_table(tmp_path / "one" / "samples.parquet").num_rows == 2 * cfg.train.sample.n_per_prompt
 

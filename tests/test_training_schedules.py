@@ -2,7 +2,7 @@
 
 import pytest
 
-from training.schedules import wsd_lr
+from training.core.schedules import wsd_lr
 
 
 def lrs(total=100, warmup=10, decay_frac=0.2, floor=0.1):

@@ -13,17 +13,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from kiln.lineage import output_hash
+from kiln.outputs import output_hash
 from model.generator import Generator
 from model.testing import write_tiny_text_encoder
-from training.checkpoint import read_train_state
-from training.data import TrainSet
-from training.eval_protocol import dataset_version
-from training.evaluate import heldout_loss, heldout_rows
-from training.muon import make_optimizer
-from training.telemetry import SpikeDetector, read_metrics
+from training.core.checkpoint import read_train_state
+from training.core.data import TrainSet, dataset_version
+from training.core.muon import make_optimizer
+from training.core.telemetry import SpikeDetector, read_metrics
+from training.core.trainer import Learner, StepBatch, init_generator, setup_runtime, step_generator, train, train_step
+from training.evaluation.evaluate import heldout_loss, heldout_rows
 from training.testing import scene_rows, tiny_config, write_pack_output
-from training.trainer import Learner, StepBatch, init_generator, setup_runtime, step_generator, train, train_step
 
 STEPS = 30
 WEIGHTS = [1.0, 2.0, 0.5, 0.0, 1.5] * 12  # mean 1, as the concept coverage makes them

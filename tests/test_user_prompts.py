@@ -7,12 +7,8 @@ import json
 import pyarrow as pa
 import pytest
 
-from assets.user_prompts import (
-    RulePromptWriter,
-    sampling_weight,
-    terse,
-    user_prompt_rows,
-)
+from assets.user_prompts import RulePromptWriter, sampling_weight, user_prompt_rows
+from components.rule_text import terse
 from kiln.config import ConfigError, load_config
 from kiln.reasons import Reason
 from kiln.schemas import PROMPT_PAIRS, USER_PROMPTS
@@ -172,7 +168,7 @@ def test_an_llm_writer_without_a_model_path_fails_at_config_validation():
 
 
 def test_the_stage_runs_an_llm_by_path_and_records_its_decoding_on_every_row(tmp_path):
-    from training.expander_model import build_tiny_lm, build_word_tokenizer
+    from training.expander.model import build_tiny_lm, build_word_tokenizer
 
     lm = tmp_path / "lm"
     tok = build_word_tokenizer(

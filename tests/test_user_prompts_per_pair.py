@@ -7,11 +7,12 @@ import json
 
 import pyarrow as pa
 
-from assets.user_prompts import STYLES, RulePromptWriter, Written, terse, user_prompt_rows
+from assets.user_prompts import RulePromptWriter, Written, user_prompt_rows
+from components.rule_text import STYLES, terse
 from kiln.config import load_config
 from kiln.reasons import Reason
 from kiln.schemas import PROMPT_PAIRS
-from training.expander import sft_pairs, train_sft
+from training.expander.sft import sft_pairs, train_sft
 
 PAIRS = [  # (id, pair prompt, long caption, dropped details)
     ("a", "a large red circle on the left", "a large red circle on the left, on a blue background", ["on a blue background"]),

@@ -4,7 +4,7 @@ Sections, each recorded as `ok`, `skipped` (with the reason) or `failed` (with t
 path does not hide the others:
   * environment: driver, CUDA, cuDNN, NCCL, torch / torchao versions, each GPU's model, capability, memory;
   * attention: which SDPA backends (train.parallel.attention) have a kernel for the DiT's attention here;
-  * parallel: the real trainer (training.trainer.train) under torchrun over all local GPUs: FSDP2 x TP
+  * parallel: the real trainer (training.core.trainer.train) under torchrun over all local GPUs: FSDP2 x TP
     (tp = the largest of 4, 2 that divides the GPU count; one GPU runs unsharded), bf16 autocast, per-block
     torch.compile, NVML telemetry every step; tokens/s, MFU against the GPU's bf16 peak, per-rank step times;
   * float8: the 1.2B class (prx_1b) with and without torchao float8 on one GPU, when the GPU has
@@ -116,7 +116,7 @@ def worker(spec_path: str) -> None:
     import torch.distributed as dist
 
     from kiln.config import KilnConfig
-    from training.trainer import train
+    from training.core.trainer import train
 
     spec = json.loads(Path(spec_path).read_text())
     cfg = KilnConfig.model_validate(spec["cfg"])
@@ -169,7 +169,7 @@ def parallel_section(ctx: dict) -> dict:
 
 def float8_section(ctx: dict) -> dict:
     from kiln.config import ConfigError
-    from training.gpu_settings import FLOAT8_MIN_CAPABILITY, Machine, check_gpu_settings
+    from training.core.gpu_settings import FLOAT8_MIN_CAPABILITY, Machine, check_gpu_settings
 
     machine = Machine.probe()
     size = "micro" if ctx["dry_run"] else "prx_1b"
@@ -195,10 +195,10 @@ def largest_fit_section(ctx: dict) -> dict:
     import torch
 
     from kiln.config import ParallelConfig
-    from training.muon import make_optimizer
-    from training.parallel import parallelize
-    from training.text_cache import TextCache
-    from training.trainer import Learner, Runtime, StepBatch, init_generator, step_generator, train_step
+    from training.core.muon import make_optimizer
+    from training.core.parallel import parallelize
+    from training.core.text_cache import TextCache
+    from training.core.trainer import Learner, Runtime, StepBatch, init_generator, step_generator, train_step
 
     dry = ctx["dry_run"]
     device = torch.device(ctx["device"] if dry else "cuda:0")
@@ -250,7 +250,7 @@ def attention_section(ctx: dict) -> dict:
     import torch
 
     from model.sizes import get_size
-    from training.gpu_settings import attention_kernel_problem
+    from training.core.gpu_settings import attention_kernel_problem
 
     size = get_size("prx_1b")
     dtype = torch.float32 if ctx["dry_run"] else torch.bfloat16

@@ -19,7 +19,7 @@ from kiln.config.base import (
 class ExpanderConfig(Strict):
     """The prompt expander (docs/expander.md): a causal LM by path fine-tuned on (user prompt -> long caption),
     then RL (GDPO) with faithfulness, image and diversity rewards and a safety gate. Its model paths are checked
-    before any expander work (training.expander.expander_problems)."""
+    before any expander work (training.expander.sft.expander_problems)."""
 
     base: Literal["path", "tiny"] = Field(
         "path", description="path: an HF causal LM folder (`path`); tiny: a small LM built from `tiny_*` over a word-level vocabulary (the demo's stand-in, from scratch)"

@@ -12,7 +12,7 @@ from kiln.config.base import (
 
 
 class MetricsConfig(Strict):
-    """Distribution metrics per checkpoint (training.eval_protocol): FID, CMMD, DINO-MMD against a
+    """Distribution metrics per checkpoint (training.evaluation.protocol): FID, CMMD, DINO-MMD against a
     reference image set of the dataset. An extractor path left None skips that metric, and the
     results say so; steps and CFG come from train.eval.steps and train.sample.cfg_scale."""
 

@@ -29,7 +29,7 @@ class ReferenceConfig(Strict):
     exactly what it was without it (same parameters, same outputs)."""
 
     enabled: bool = False
-    encoder: Literal["conv", "classical", "hf"] = Field("conv", description="conv: a small trainable conv net; classical: the offline descriptor of assets/embed.py; hf: a frozen vision model by path")
+    encoder: Literal["conv", "classical", "hf"] = Field("conv", description="conv: a small trainable conv net; classical: the hand-made descriptor; hf: a frozen vision model by path")
     encoder_path: str | None = Field(None, description="HF vision model folder when encoder=hf")
     image_size: int = Field(32, ge=8, le=1024, description="references are resized to this square before the encoder")
     grid: int = Field(2, ge=1, le=16, description="tokens per reference: grid x grid (the conv net's pooled feature map)")

@@ -14,7 +14,7 @@ from kiln.config.base import (
 
 
 class RewardSpec(Strict):
-    """One reward of the mix (training/rewards.py) and its weight."""
+    """One reward of the mix (training/evaluation/rewards.py) and its weight."""
 
     name: Literal["rubric", "text", "aesthetic", "artifact"]
     weight: float = Field(1.0, gt=0, le=1000)
@@ -23,7 +23,7 @@ class RewardSpec(Strict):
 
 
 class TDMConfig(Strict):
-    """Few-step distillation by Trajectory Distribution Matching (training/tdm_train.py, docs/distillation.md).
+    """Few-step distillation by Trajectory Distribution Matching (training/post/distill.py, docs/distillation.md).
     Device, side and prompt set are post.device, post.resolution and post.prompts, as in GRPO."""
 
     student_steps: int = Field(4, ge=1, le=64, description="Euler steps of the student's sampler (its sampler.json)")
@@ -48,7 +48,7 @@ MergeWeight = Annotated[float, Field(ge=0, le=1000)]
 
 
 class MergeCandidate(Strict):
-    """One merge the search tries (training/merge.py merge_search): what it changes in `post.merge`."""
+    """One merge the search tries (training/post/merge.py merge_search): what it changes in `post.merge`."""
 
     weights: list[MergeWeight] = Field(default_factory=list, description="one per source; empty = post.merge.weights")
     scale: float | None = Field(None, gt=0, le=10, description="None = post.merge.scale")
@@ -56,7 +56,7 @@ class MergeCandidate(Strict):
 
 
 class MergeConfig(Strict):
-    """Merging N checkpoints of one model into one (training/merge.py, docs/post-training.md#merging)."""
+    """Merging N checkpoints of one model into one (training/post/merge.py, docs/post-training.md#merging)."""
 
     method: Literal["linear", "task_arithmetic", "ties", "dare", "dare_ties"] = "linear"
     weights: list[MergeWeight] = Field(default_factory=list, description="one per source, in source order; empty = equal (1/N each)")
@@ -84,7 +84,7 @@ class MergeConfig(Strict):
 class PostConfig(Strict):
     """Post-training after SFT (docs/post-training.md): rewards, the rubric judge, and the RL stage."""
 
-    prompts: str | None = Field(None, description="rubric prompt set (JSONL, training/rubric.py); None = the demo grammar's RL prompts")
+    prompts: str | None = Field(None, description="rubric prompt set (JSONL, training/evaluation/rubric.py); None = the demo grammar's RL prompts")
     eval_prompts: str | None = Field(None, description="rubric prompt set the evaluation's prompt following is scored on; None = the 12 demo prompts")
     judge: Literal["demo_pixel", "demo_graded", "vlm"] = Field(
         "vlm", description="who checks rubric requirements: the demo's pixel checker (a stand-in; demo_graded: its graded scores) or a VLM by path"
@@ -92,12 +92,12 @@ class PostConfig(Strict):
     judge_vlm_path: str | None = Field(None, description="VLM folder for judge=vlm (P(yes) per requirement)")
     rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="rubric")], min_length=1)
     ocr_upscale: int = Field(1, ge=1, le=16, description="text reward: samples are read at this many times their size")
-    # GRPO (training/grpo_train.py)
+    # GRPO (training/post/grpo.py)
     iterations: int = Field(60, ge=1, le=10_000_000, description="rollout + update rounds")
     prompts_per_iter: int = Field(4, ge=1, le=65536)
     group_size: int = Field(8, ge=2, le=1024, description="samples per prompt: the group its advantages are relative to")
     sample_steps: int = Field(10, ge=2, le=1000, description="SDE sampler steps of a rollout (no CFG)")
-    eta: float = Field(0.7, gt=0, le=5, description="SDE noise level (training/sde.py)")
+    eta: float = Field(0.7, gt=0, le=5, description="SDE noise level (training/post/sde.py)")
     clip: float = Field(0.2, gt=0, le=1, description="PPO ratio clip")
     kl: float = Field(0.01, ge=0, le=100, description="weight of the KL to the frozen reference")
     lr: float = Field(1e-4, gt=0, le=1)
@@ -107,7 +107,7 @@ class PostConfig(Strict):
     seed: int = Field(0, ge=0, le=2**63 - 1)
     device: Literal["cpu", "cuda"] = "cpu"
     resolution: int | None = Field(None, ge=8, le=16384, description="rollout side in px; None = the checkpoint's training bucket")
-    # preference pairs (training/pairs.py) and Diffusion-DPO (training/dpo_train.py)
+    # preference pairs (training/post/pairs.py) and Diffusion-DPO (training/post/dpo.py)
     pair_prompts: int = Field(64, ge=1, le=10_000_000, description="prompts sampled for on-policy pairs")
     pair_k: int = Field(4, ge=2, le=256, description="samples per prompt; the best and worst make a pair")
     pair_margin: float = Field(0.2, ge=0, le=1000, description="minimum reward gap between winner and loser")

@@ -15,7 +15,7 @@ from kiln.config.base import (
 
 
 class StyleConfig(Strict):
-    """Style-reference training and its evaluation (training/style_train.py, training/style_eval.py,
+    """Style-reference training and its evaluation (training/style/train.py, training/style/evaluate.py,
     docs/style.md). The pathway's shape is `model.reference`; a checkpoint without one gets it added."""
 
     reference: Literal["family", "crop"] = Field("family", description="family: another image of the same style family (demo: same background, other shape); crop: a crop of the image itself")

@@ -39,7 +39,7 @@ class EvalConfig(Strict):
 
 
 class ParallelConfig(Strict):
-    """FSDP2 x TP layout and per-block execution options (training/parallel.py, docs/training-at-scale.md)."""
+    """FSDP2 x TP layout and per-block execution options (training/core/parallel.py, docs/training-at-scale.md)."""
 
     tp: int = Field(1, ge=1, le=MAX_THREADS, description="tensor-parallel degree; dp_shard = world_size / tp")
     sequence_parallel: bool = Field(False, description="shard the residual stream over tp along the sequence between blocks")
@@ -62,7 +62,7 @@ class OptimConfig(Strict):
     muon_ns_steps: int = Field(5, ge=1, le=100, description="Newton-Schulz iterations")
     adam_eps: float = Field(1e-8, gt=0, le=1e-2, description="AdamW's epsilon (the denominator floor)")
     weights: Literal["fp32", "bf16"] = Field(
-        "fp32", description="how the weights are stored between steps: fp32 (master weights), or rounded to bf16 after every step (training.bf16_weights)"
+        "fp32", description="how the weights are stored between steps: fp32 (master weights), or rounded to bf16 after every step (training.core.bf16_weights)"
     )
 
 
@@ -73,7 +73,7 @@ class RepaConfig(Strict):
     """REPA / iREPA: align an intermediate block's image tokens with a frozen vision teacher's patch features."""
 
     teacher_path: str | None = Field(
-        None, description="an HF vision model folder, or `classical`: the hand-made descriptor of assets/embed.py, one vector per image; None = REPA off"
+        None, description="an HF vision model folder, or `classical`: the hand-made descriptor of model/image_encoders.py, one vector per image; None = REPA off"
     )
     block: int = Field(1, ge=0, le=1024, description="the DiT block whose output is aligned")
     weight: float = Field(0.5, ge=0, le=1000)
@@ -104,7 +104,7 @@ class DCPConfig(Strict):
 
 
 class TelemetryConfig(Strict):
-    """What the trainer records besides the loss (training/telemetry.py, training/gpu_telemetry.py)."""
+    """What the trainer records besides the loss (training/core/telemetry.py, training/core/gpu_telemetry.py)."""
 
     spike_window: int = Field(50, ge=2, le=10**6, description="steps in the trailing window of the loss / grad-norm spike detector")
     spike_z: float = Field(6.0, gt=0, le=1000, description="a value this many standard deviations above the window mean is a spike")
@@ -164,7 +164,7 @@ class TrainConfig(Strict):
             raise PairError("final_weights=pma needs pma_k > 0", "final_weights", "pma_k")
         if self.route.frac > 0 and self.parallel.sequence_parallel:
             raise PairError("route.frac > 0 changes the sequence length between blocks: not with parallel.sequence_parallel", "route.frac", "parallel.sequence_parallel")
-        on_gpu = self.device.startswith("cuda")  # whether this machine has one is checked when the run starts (training/gpu_settings.py)
+        on_gpu = self.device.startswith("cuda")  # whether this machine has one is checked when the run starts (training/core/gpu_settings.py)
         if self.parallel.float8 and not on_gpu:
             raise PairError("parallel.float8 is GPU-only (torchao float8 needs CUDA capability 8.9+): set device=cuda or float8=false", "parallel.float8", "device")
         if self.parallel.async_tp and not (on_gpu and self.parallel.tp > 1 and self.parallel.compile):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from kiln.config import KilnConfig, load_config
+from kiln.databases import connect as db_connect
 from kiln.progress import log
 from kiln.stage import Stage, StageOutput
 from kiln.warehouse import postgres as pg
@@ -56,15 +57,15 @@ class PostgresHandle:
         return new
 
     def add_slurm_workers(self, n: int, cfg: KilnConfig, batch_size: int | None = None) -> list:
-        """Submit n more workers as a Slurm job array on `cfg.cluster` (slurm/queue_workers.py)."""
-        from slurm.queue_workers import submit_queue_workers
+        """Submit n more workers as a Slurm job array on `cfg.cluster` (kiln/warehouse/slurm_workers.py)."""
+        from kiln.warehouse.slurm_workers import submit_queue_workers
 
         jobs = submit_queue_workers(self.dsn, self.job.stage, self.job.table, n, cfg, batch_size)
         self.slurm_jobs += jobs
         return jobs
 
     def progress(self) -> Progress:
-        with pg.connect(self.dsn) as conn:
+        with db_connect(self.dsn) as conn:
             c = pg.counts(conn, self.job)
         return Progress(c["total"], c["kept"], c["rejected"], c["failed"], c["pending"], c["rate"])
 
@@ -87,7 +88,7 @@ class PostgresHandle:
         ]
         if not lost:
             return
-        with pg.connect(self.dsn) as conn:
+        with db_connect(self.dsn) as conn:
             claimed = pg.attempts_claimed(conn, self.job)
         if claimed == self._claimed_when_replaced:
             return
@@ -110,7 +111,7 @@ class PostgresHandle:
         for w in self.processes:
             w.join(timeout=30)
         if final.pending and self.processes:  # every worker of ours is gone: settle what they left behind
-            with pg.connect(self.dsn) as conn:
+            with db_connect(self.dsn) as conn:
                 pg.release_abandoned(conn, self.job)
                 with conn.transaction():
                     pg.reject_exhausted(conn, self.job)
@@ -121,15 +122,15 @@ class PostgresHandle:
         return final
 
     def results(self) -> StageOutput:
-        with pg.connect(self.dsn) as conn:
+        with db_connect(self.dsn) as conn:
             return StageOutput(pg.read_table(conn, self.job.kept), pg.read_table(conn, self.job.rejected))
 
     def state(self) -> dict[str, tuple[int, str | None, str | None]]:
-        with pg.connect(self.dsn) as conn:
+        with db_connect(self.dsn) as conn:
             return pg.attempts(conn, self.job)
 
     def query(self, sql: str) -> list[tuple]:
-        with pg.connect(self.dsn) as conn:
+        with db_connect(self.dsn) as conn:
             return conn.execute(sql).fetchall()
 
 
@@ -173,7 +174,7 @@ def map(
         return start_embedded(ref, rows, input_name, cfg, Path(root or default_root()), workers, batch_size, max_attempts, lease_s)
 
     job = pg.Job(input_name, st.name, ref, cfg.model_dump(mode="json"), batch_size, max_attempts, lease_s)
-    with pg.connect(dsn) as conn:
+    with db_connect(dsn) as conn:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (pg.DDL_LOCK,))
             pg.ensure_registry(conn)
@@ -198,5 +199,5 @@ def attach(stage: str, table: str = "images", dsn: str | None = None, root: Path
         job = EmbeddedJob(Path(root or default_root()), table, stage)
         job.meta()  # fails clearly when there is no such job
         return EmbeddedHandle(job)
-    with pg.connect(dsn) as conn:
+    with db_connect(dsn) as conn:
         return PostgresHandle(dsn, pg.read_job(conn, table, stage))

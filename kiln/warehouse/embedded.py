@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kiln.config import KilnConfig
-from kiln.paths import artifact
+from kiln.databases import embedded_root
 from kiln.reasons import Reason
 from kiln.schemas import REJECTED
 from kiln.sql import quote_identifier, read_parquet
@@ -59,7 +59,7 @@ RATE_WINDOW_S = 5.0
 
 
 def default_root() -> Path:
-    return artifact("warehouse")
+    return embedded_root()
 
 
 def _write_atomic(table: pa.Table, path: Path) -> None:

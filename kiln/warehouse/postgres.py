@@ -32,13 +32,13 @@ import pyarrow.compute as pc
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from kiln.databases import DDL_LOCK
 from kiln.reasons import Reason
 from kiln.schemas import REJECTED
 from kiln.warehouse.batch import MAX_ERROR_CHARS, BatchResult
 from kiln.warehouse.schema import pg_type, rows_table, schema_from_bytes, schema_to_bytes, table_rows
 
 MAX_IDENTIFIER = 63  # Postgres truncates longer names silently; we refuse them instead
-DDL_LOCK = 7_345_001  # advisory lock key: one process at a time creates warehouse tables
 
 
 def queue_table(table: str, stage: str) -> str:
@@ -57,11 +57,6 @@ def _checked(name: str) -> str:
     if len(name.encode()) > MAX_IDENTIFIER:
         raise ValueError(f"warehouse table name {name!r} is longer than {MAX_IDENTIFIER} bytes")
     return name
-
-
-def connect(dsn: str, name: str = "kiln") -> psycopg.Connection:
-    """Autocommit, so that every unit of work is an explicit `conn.transaction()`; `name` shows in pg_stat_activity."""
-    return psycopg.connect(dsn, autocommit=True, application_name=name[:63])
 
 
 # -------------------------------------------------------------------------------------------- tables

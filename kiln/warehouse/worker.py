@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kiln.config import KilnConfig
+from kiln.databases import connect as db_connect
 from kiln.progress import log
 from kiln.reasons import Reason
 from kiln.warehouse import postgres as pg
@@ -61,7 +62,7 @@ def run_worker(
     a time limit).
     """
     report = WorkerReport(worker_name())
-    with pg.connect(dsn, report.worker) as conn:
+    with db_connect(dsn, report.worker) as conn:
         job = pg.read_job(conn, table, stage_name)
         stage = resolve_stage(job.stage_ref)
         cfg = KilnConfig.model_validate(job.config)
@@ -105,7 +106,7 @@ def lease_watchdog(dsn: str, job: pg.Job, claim: pg.Claim, worker: str) -> Itera
     def fire() -> None:
         error = f"timeout: a batch of {claim.rows.num_rows} rows ran past its lease of {job.lease_s:g} s in {worker}"
         try:
-            with pg.connect(dsn, f"{worker}:watchdog") as conn:
+            with db_connect(dsn, f"{worker}:watchdog") as conn:
                 pg.release_claim(conn, job, claim.token, Reason.TIMEOUT.value, error)
             log.error("%s; rows given back, worker exits", error)
         finally:

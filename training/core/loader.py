@@ -1,0 +1,76 @@
+"""The input side of a training step: latents for the next batches, prepared while the current step runs.
+
+The pack stage already decoded and bucketed the pixels; what is left per step is the autoencoder (a VAE
+forward for latent models, a cast for pixel space) or a read from the latent cache. `Prefetcher` runs that
+in `workers` threads, a few batches ahead, and hands batches back in stream order, so a resumed run still
+sees exactly the batches of the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from training.core.data import Batch
+
+
+@dataclass(frozen=True)
+class StepInput:
+    batch: Batch
+    x0: Tensor  # the model's input space: latents (or [-1, 1] pixels), [B, C, H, W]
+
+
+def latent_encoder(gen, cache_dir: str | None) -> Callable[[Batch], StepInput]:
+    """Batch -> StepInput through the Generator's autoencoder, via the on-disk latent cache when configured."""
+    encode = gen.autoencoder.encode
+    if cache_dir:
+        from model.autoencoder import LatentCache
+
+        encode = LatentCache(cache_dir, gen.autoencoder).encode
+    return lambda batch: StepInput(batch, encode(batch.pixels))
+
+
+def loader_workers(configured: int | None, device_type: str) -> int:
+    """`train.loader_workers`, or the measured default: none on CPU, where a loader thread's torch ops start
+    their own OpenMP team that takes cores from the step (0.64x against 0.88x of a minimal loop on 2 cores,
+    benchmarks/bench_trainer_overhead.py), and one on CUDA, where the step leaves the host's cores free."""
+    if configured is not None:
+        return configured
+    return 1 if device_type == "cuda" else 0
+
+
+class Prefetcher:
+    """Ordered, bounded read-ahead over an endless batch stream; `workers=0` prepares in the caller."""
+
+    def __init__(self, stream: Iterator[Batch], prepare: Callable[[Batch], StepInput], workers: int = 1, depth: int | None = None):
+        self.stream, self.prepare = stream, prepare
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="kiln-loader") if workers > 0 else None
+        self.depth = depth if depth is not None else workers + 1
+        self.pending: deque = deque()
+
+    def __iter__(self) -> "Prefetcher":
+        return self
+
+    def __next__(self) -> StepInput:
+        if self.pool is None:
+            return self.prepare(next(self.stream))
+        while len(self.pending) < max(self.depth, 1):
+            self.pending.append(self.pool.submit(self.prepare, next(self.stream)))
+        return self.pending.popleft().result()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            for f in self.pending:
+                f.cancel()
+            self.pool.shutdown(wait=True)
+            self.pending.clear()
+
+    def __enter__(self) -> "Prefetcher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
