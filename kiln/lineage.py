@@ -47,7 +47,13 @@ def _module_file(module: str) -> Path | None:
 
 def _local_imports(path: Path) -> set[str]:
     """Modules of this repo that a file imports, at the top or inside functions (lazy imports count)."""
-    tree = ast.parse(path.read_text(), str(path))
+    return set(_imports_in(str(path), path.stat().st_mtime_ns))
+
+
+@lru_cache(maxsize=None)
+def _imports_in(path: str, mtime_ns: int) -> frozenset[str]:
+    """One parse per file and version of it, however many modules reach it."""
+    tree = ast.parse(Path(path).read_text(), path)
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -55,7 +61,7 @@ def _local_imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             found.update(f"{node.module}.{a.name}" for a in node.names)
-    return {m for m in found if m.split(".")[0] in PACKAGES and _module_file(m)}
+    return frozenset(m for m in found if m.split(".")[0] in PACKAGES and _module_file(m))
 
 
 @lru_cache(maxsize=None)
