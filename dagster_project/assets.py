@@ -61,6 +61,7 @@ def node_asset(node: Node) -> dg.AssetsDefinition:
         kinds=set(node.kinds),
         code_version=node_code_version(node),
         description=node.description,
+        op_tags={"kiln/cpus": str(node.resources.cpus), "kiln/gpus": str(node.resources.gpus)},  # what one task needs
     )
     def _asset(context, kiln: KilnResource) -> dg.MaterializeResult:
         return materialize(node, kiln, context.log.info)

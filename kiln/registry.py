@@ -34,6 +34,7 @@ from kiln.ladder import (
     rungs,
     train_set_overrides,
 )
+from kiln.stage import StageResources
 from kiln.stage_names import STAGE_MODULES
 
 DATA = "{data}"  # the data root in a node's overrides; each door puts its own (DVC: data, Dagster: the resource's)
@@ -64,10 +65,21 @@ class Node:
     extra_outs: tuple[str, ...] = ()  # outputs outside its folder that persist across runs (the evaluation history)
     always_changed: bool = False  # DVC reruns it every time (an observation of the source)
     out_root: str | None = None  # the folder under the data root it writes, when not its key
+    gpus: int | None = None  # GPUs one task uses on a GPU profile; default: one for a node that runs a torch model
 
     @property
     def folder(self) -> str:
         return self.out_root or self.key
+
+    @property
+    def resources(self) -> StageResources:
+        """What one task of the node needs: a data stage's worker as its stage declares it, a model node one
+        GPU per task (training: one task per GPU of the profile's nodes, kiln.executors.train_task)."""
+        if self.command == "stage":
+            from kiln.stage import get_stage
+
+            return get_stage(self.positional[0]).resources
+        return StageResources(cpus=1, gpus=self.gpus if self.gpus is not None else int("pytorch" in self.kinds))
 
     @property
     def cmd(self) -> Command:

@@ -223,6 +223,7 @@ def test_an_unknown_target_stage_is_refused(bare_repo, tmp_path):
         check_plan(load_plan(_plan(tmp_path, target="evaluate")), bare_repo)
 
 
+@pytest.mark.slow
 def test_the_demo_plan_is_a_valid_plan_for_this_repo(bare_repo):
     """conf/ablate/demo.yaml: long vs short captions and fp32 vs bf16-stored weights, each variant's config
     accepted by DVC's composition and by kiln, against the repo's own dvc.yaml."""

@@ -16,6 +16,7 @@ def kiln(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([KILN, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "args, says",
     [
@@ -42,6 +43,7 @@ def test_review_list_before_any_clustering_says_so_and_creates_no_table(tmp_path
     assert not (tmp_path / "data").exists()
 
 
+@pytest.mark.integration
 def test_an_unknown_cluster_in_an_existing_review_table_is_a_user_error(tmp_path):
     from assets.cluster_review import connect
 

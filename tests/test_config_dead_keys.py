@@ -66,3 +66,19 @@ def test_a_key_nothing_reads_is_named_with_its_model():
         knobs: Knobs = Knobs()
 
     assert unread_keys(Root, "cfg.knobs.used_knob + 1") == ["Knobs.forgotten_knob"]
+
+
+def test_a_train_file_key_that_every_rung_of_its_ladder_overrides_says_so():
+    """A key of conf/train/<file>.yaml that every rung built on the file overrides never reaches that ladder:
+    its line must say so (a comment naming the ladder or its rungs), or the key goes."""
+    import yaml
+
+    for ladder_file in sorted((REPO_ROOT / "conf" / "ladder").glob("*.yaml")):
+        rungs = [*yaml.safe_load(ladder_file.read_text()).get("rungs", [])]
+        for train in {r["train"] for r in rungs}:
+            users = [r for r in rungs if r["train"] == train]
+            overridden = set.intersection(*({o.split("=", 1)[0].removeprefix("train.") for o in r.get("overrides", [])} for r in users))
+            path = REPO_ROOT / "conf" / "train" / f"{train}.yaml"
+            lines = {line.split(":", 1)[0]: line for line in path.read_text().splitlines() if re.match(r"^\w+:", line)}
+            silent = [k for k in sorted(overridden & set(lines)) if not re.search(r"#.*\b(ladder|rungs?)\b", lines[k])]
+            assert not silent, f"{path.name}: {silent} are overridden by every rung of {ladder_file.name} and do not say so"

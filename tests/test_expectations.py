@@ -29,6 +29,7 @@ def columns_of(e) -> list[str]:
     return [c for c in (getattr(e, "column", None), getattr(e, "column_A", None), getattr(e, "column_B", None)) if c]
 
 
+@pytest.mark.slow
 def test_no_suite_checks_for_nulls_that_the_schema_already_forbids():
     cfg = load_config([])
     for suite, schema in SUITE_SCHEMAS.items():
@@ -44,6 +45,7 @@ def demo(demo_embedded):
     return load_config(overrides), root
 
 
+@pytest.mark.slow
 def test_the_demo_stage_outputs_pass_their_suites(demo):
     cfg, root = demo
     for key in ("manifest", "filtered", "deduped", "embedded"):

@@ -119,6 +119,7 @@ def corpus(tmp_path):
     (tmp_path / "src" / "locked").chmod(0o755)
 
 
+@pytest.mark.slow
 def test_every_hostile_file_meets_its_fate_and_the_outputs_reproduce(corpus, tmp_path):
     src, expected = corpus
     kiln_source(tmp_path / "source", f"data.source={src}")
@@ -143,6 +144,7 @@ def test_every_hostile_file_meets_its_fate_and_the_outputs_reproduce(corpus, tmp
         assert [p.read_bytes() for p in one] == [p.read_bytes() for p in two]
 
 
+@pytest.mark.slow
 def test_symlinks_can_be_refused_at_the_listing_or_at_ingest(corpus, tmp_path):
     src, _ = corpus
     linked = f"{src.as_posix()}/linked"

@@ -50,6 +50,7 @@ def assert_one_reject_and_the_rest_exactly_once(handle, n: int, fault: str, says
 
 
 # ------------------------------------------------------------------------------------------- embedded
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["sigkill", "segfault", "hang"])
 def test_embedded_a_row_that_takes_its_worker_down_is_rejected_and_the_run_completes(tmp_path, fault):
     rows = fault_rows(40, {FAULTY_ROW: fault})

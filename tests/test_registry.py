@@ -130,3 +130,12 @@ def test_editing_a_rungs_train_file_marks_its_checkpoint_stale_in_both_doors(rep
 def test_every_asset_of_the_definitions_comes_from_the_registry_module():
     """No asset is written by hand: each is ASSETS[key], built from its row."""
     assert {id(a) for a in defs.assets} == {id(a) for a in ASSETS.values()}
+
+
+def test_each_node_says_what_one_task_needs_and_its_asset_carries_it():
+    rows = {n.key: n for n in with_door("dagster", CFG)}
+    assert rows["embedded"].resources.cpus == 2 and rows["filtered"].resources.gpus == 0  # a data stage: its stage's own declaration
+    assert rows["checkpoint_pretrain"].resources.gpus == 1 and rows["evaluation"].resources.gpus == 1  # a torch model: a GPU a task
+    for key, node in rows.items():
+        if key != "raw_images":
+            assert ASSETS[key].op.tags == {"kiln/cpus": str(node.resources.cpus), "kiln/gpus": str(node.resources.gpus)}, key

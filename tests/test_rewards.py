@@ -138,6 +138,7 @@ def sign(text: str, size=(320, 96)) -> np.ndarray:
     return np.asarray(im)
 
 
+@pytest.mark.slow
 def test_the_text_reward_reads_the_image_with_real_ocr_and_compares_it_with_the_quoted_text():
     from components.ocr_engines import RapidOCREngine
     from training.evaluation.rewards import TextRenderingReward

@@ -125,6 +125,7 @@ def test_selftest_resumed_from_a_checkpoint_ends_where_an_uninterrupted_run_ends
     assert resumed["losses"] == reference_sgd(1, steps=9)["losses"]
 
 
+@pytest.mark.slow
 def test_local_profile_runs_jobs_as_local_subprocesses(tmp_path):
     cfg = load_config(["cluster=local", f"++cluster.log_dir={tmp_path}", "++cluster.poll_s=0.2"])
     report = submit_and_wait(TaskSpec("kiln.config:to_yaml", distributed=False), cfg.cluster, cfg, log=lambda m: None)
