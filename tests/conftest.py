@@ -198,3 +198,20 @@ def s3(s3_server):
 
     use_s3_endpoint(s3_server)
     return boto3.client("s3", endpoint_url=s3_server)
+
+
+@pytest.fixture(scope="session")
+def defs():
+    """The Dagster definitions (an asset per registry node): built once per test process, by the tests that
+    need them, not while every worker collects."""
+    from dagster_project.definitions import defs
+
+    return defs
+
+
+@pytest.fixture(scope="session")
+def assets_of_nodes():
+    """dagster_project.assets.ASSETS: the generated asset of each node, by key."""
+    from dagster_project.assets import ASSETS
+
+    return ASSETS

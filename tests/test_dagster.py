@@ -5,13 +5,12 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from dagster_project.definitions import defs
 from dagster_project.resources import KilnResource
 
 ARTIFACTS = ["raw_images", "manifest", "filtered", "deduped", "captioned", "train_set_pretrain", "checkpoint_pretrain", "checkpoint", "samples", "evaluation"]
 
 
-def test_definitions_show_every_artifact_from_raw_images_to_the_evaluation():
+def test_definitions_show_every_artifact_from_raw_images_to_the_evaluation(defs):
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     assert set(ARTIFACTS) <= keys
@@ -19,7 +18,7 @@ def test_definitions_show_every_artifact_from_raw_images_to_the_evaluation():
     assert graph.get(dg.AssetKey("evaluation")).parent_keys == {dg.AssetKey("checkpoint"), dg.AssetKey("train_set_pretrain")}
 
 
-def test_every_data_asset_has_an_accounting_check_and_a_great_expectations_check():
+def test_every_data_asset_has_an_accounting_check_and_a_great_expectations_check(defs):
     checks = {(k.asset_key.to_user_string(), k.name) for k in defs.resolve_asset_graph().asset_check_keys}
     for asset in ["manifest", "filtered", "deduped", "captioned", "train_set_pretrain", "train_set_sft"]:
         assert (asset, "rows_accounted_for") in checks and (asset, "great_expectations") in checks

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from dagster_project.assets import ASSETS
 from dagster_project.resources import KilnResource
 from kiln.schemas import PROMPT_PAIRS
 from kiln.stage import run_stage, write_shards
@@ -43,7 +42,7 @@ def test_the_expander_assets_and_job_are_in_the_definitions():
 
 
 @pytest.mark.slow
-def test_the_expander_assets_materialize_with_their_evaluation(tmp_path):
+def test_the_expander_assets_materialize_with_their_evaluation(tmp_path, assets_of_nodes):
     import pyarrow as pa
 
     data = tmp_path / "data"
@@ -80,7 +79,7 @@ def test_the_expander_assets_materialize_with_their_evaluation(tmp_path):
         workers=0,
     )
     result = dg.materialize(
-        [ASSETS["expander_sft"], ASSETS["expander_rl"]],
+        [assets_of_nodes["expander_sft"], assets_of_nodes["expander_rl"]],
         resources={"kiln": cfg_resource},
         instance=dg.DagsterInstance.ephemeral(),
     )

@@ -4,6 +4,7 @@ must be as held out as the twelve: none is a prompt RL is rewarded on, none an e
 
 from __future__ import annotations
 
+import pytest
 from fresh import in_fresh_process
 
 from kiln.config import load_config
@@ -25,6 +26,7 @@ def test_the_wide_set_is_n_distinct_prompts_neither_rl_nor_the_evaluation_ever_s
     assert any(demo_attributes(p.short) < demo_attributes(p.rubric.prompt) for p in wide)
 
 
+@pytest.mark.slow  # a second process imports the expander's stack
 def test_the_wide_set_is_reproducible_and_empty_for_a_profile_with_its_own_evaluation_prompts(tmp_path):
     cfg = load_config([])
     code = (

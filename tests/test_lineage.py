@@ -9,7 +9,6 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from dagster_project.definitions import defs
 from kiln.config import load_config
 from kiln.dvcgen import render, write_dvc_files
 from kiln.ladder import rungs
@@ -22,7 +21,7 @@ MAIN_CHAIN = curation_nodes(load_config([]))
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_the_asset_graph_is_one_connected_chain_from_raw_images_to_the_evaluation():
+def test_the_asset_graph_is_one_connected_chain_from_raw_images_to_the_evaluation(defs):
     graph = defs.resolve_asset_graph()
     keys = graph.get_all_asset_keys()
     neighbours = {k: set(graph.get(k).parent_keys) | set(graph.get(k).child_keys) for k in keys}
@@ -41,7 +40,7 @@ def test_the_asset_graph_is_one_connected_chain_from_raw_images_to_the_evaluatio
         assert dg.AssetKey(upstream(s)) in graph.get(dg.AssetKey(s.key)).parent_keys
 
 
-def test_the_ladder_chains_its_rungs_and_ends_in_the_pma_checkpoint():
+def test_the_ladder_chains_its_rungs_and_ends_in_the_pma_checkpoint(defs):
     graph = defs.resolve_asset_graph()
     parents = lambda key: {k.to_user_string() for k in graph.get(dg.AssetKey(key)).parent_keys}
     assert [r.name for r in rungs(load_config([]))] == ["pretrain", "sft"]  # conf/ladder/demo.yaml
@@ -51,7 +50,7 @@ def test_the_ladder_chains_its_rungs_and_ends_in_the_pma_checkpoint():
     assert parents("checkpoint") == {"checkpoint_sft"} and parents("samples") == {"checkpoint"}
 
 
-def test_the_main_job_runs_the_whole_chain():
+def test_the_main_job_runs_the_whole_chain(defs):
     main = {k.to_user_string() for k in defs.resolve_job_def("main").asset_layer.selected_asset_keys}
     ladder = {"train_set_pretrain", "checkpoint_pretrain", "train_set_sft", "checkpoint_sft", "checkpoint"}
     assert {s.key for s in MAIN_CHAIN} | ladder | {"raw_images", "coverage", "mixes", "samples", "evaluation"} <= main
@@ -125,7 +124,7 @@ def test_dvc_and_the_output_hash_leave_out_the_same_wall_clock_records(tmp_path)
 
 
 @pytest.mark.integration
-def test_a_config_change_marks_the_right_assets_stale(tmp_path, monkeypatch):
+def test_a_config_change_marks_the_right_assets_stale(tmp_path, monkeypatch, defs):
     """Materialize the chain's head, change one step's config section: that step and what follows are stale."""
     from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
     from dagster._core.loader import LoadingContextForTest
@@ -166,7 +165,7 @@ def test_a_config_change_marks_the_right_assets_stale(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_the_graph_is_built_for_the_profile_in_kiln_overrides():
+def test_the_graph_is_built_for_the_profile_in_kiln_overrides(defs):
     """`KILN_OVERRIDES="ladder=krea"` (what `kiln run ladder=krea` sets) gives Dagster the krea ladder's assets."""
     import os
     import subprocess

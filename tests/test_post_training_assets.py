@@ -6,7 +6,6 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from dagster_project.assets import profile_assets
 from dagster_project.resources import KilnResource
 from model.testing import write_tiny_text_encoder
 from training.core.trainer import train
@@ -26,6 +25,8 @@ def test_the_post_training_assets_materialize_in_order_with_their_comparisons(tm
     te = write_tiny_text_encoder(tmp_path / "text_encoder")
     data = tmp_path / "data"
     train(write_pack_output(data / "train_set_pretrain", scene_rows(24, seed=5)), data / "checkpoint", tiny_config(te, steps=6))
+    from dagster_project.assets import profile_assets
+
     post_assets = profile_assets(SMALL, ["preference_pairs", "reward_model", "checkpoint_dpo", "checkpoint_grpo", "checkpoint_student"])
     result = dg.materialize(post_assets, resources={"kiln": KilnResource(overrides=SMALL, data_dir=str(data))}, instance=dg.DagsterInstance.ephemeral())
     assert result.success

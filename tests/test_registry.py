@@ -13,8 +13,6 @@ import pytest
 import yaml
 
 import kiln.lineage as lineage
-from dagster_project.assets import ASSETS, upstream_keys
-from dagster_project.definitions import defs
 from kiln.cli import build_parser
 from kiln.config import load_config
 from kiln.dvcgen import present_params, render, stage_of
@@ -23,10 +21,17 @@ from kiln.paths import REPO_ROOT
 from kiln.registry import nodes, with_door
 
 CFG = load_config([])
-DVC = yaml.safe_load(render()[0])["stages"]
 
 
-def test_every_dagster_asset_is_a_registry_node_with_its_deps_and_code_version():
+@pytest.fixture(scope="module")
+def dvc():
+    """The stages of the dvc.yaml the registry renders."""
+    return yaml.safe_load(render()[0])["stages"]
+
+
+def test_every_dagster_asset_is_a_registry_node_with_its_deps_and_code_version(defs):
+    from dagster_project.assets import upstream_keys
+
     graph = defs.resolve_asset_graph()
     rows = {n.key: n for n in with_door("dagster", CFG)}
     assert {k.to_user_string() for k in graph.get_all_asset_keys()} == set(rows)
@@ -37,25 +42,25 @@ def test_every_dagster_asset_is_a_registry_node_with_its_deps_and_code_version()
             assert asset.code_version == node_code_version(node), key
 
 
-def test_every_dvc_stage_is_a_registry_node_rendered_from_its_row():
+def test_every_dvc_stage_is_a_registry_node_rendered_from_its_row(dvc):
     rows = {n.key: n for n in with_door("dvc", CFG)}
-    assert set(DVC) == set(rows)
+    assert set(dvc) == set(rows)
     composed = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
     for key, node in rows.items():
         want = stage_of(node, [])
         if "params" in want:
             want["params"] = present_params(want["params"], composed)
-        assert DVC[key] == want, key
+        assert dvc[key] == want, key
 
 
-def test_for_every_node_dagster_versions_by_what_dvc_depends_on():
+def test_for_every_node_dagster_versions_by_what_dvc_depends_on(dvc):
     """Dagster hashes (files, sections, call); DVC lists the same files as deps beside the data it reads, the
     same sections as params, and runs the same call."""
     composed = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
     for node in with_door("dvc", CFG):
         if "dagster" not in node.doors:
             continue
-        vi, stage = version_inputs(node), DVC[node.key]
+        vi, stage = version_inputs(node), dvc[node.key]
         data = [d for d in stage["deps"] if d.startswith("data/")]
         assert [d for d in stage["deps"] if d not in data] == list(vi.files), node.key
         assert data == [f"data/{p}" for p in node.read_paths], node.key
@@ -63,9 +68,9 @@ def test_for_every_node_dagster_versions_by_what_dvc_depends_on():
         assert stage["cmd"] == " ".join(["kiln", node.command, *map(shlex.quote, call_args(node, [], "data"))]), node.key
 
 
-def test_every_dvc_command_is_a_kiln_command_that_parses_to_its_node_command():
+def test_every_dvc_command_is_a_kiln_command_that_parses_to_its_node_command(dvc):
     parser = build_parser()
-    for key, stage in DVC.items():
+    for key, stage in dvc.items():
         argv = shlex.split(stage["cmd"])
         assert argv[0] == "kiln", key
         args, extra = parser.parse_known_args(argv[1:])
@@ -95,27 +100,27 @@ def _versions(keys):
 
 
 @pytest.mark.parametrize("edited", ["assets/embed.py", "assets/ocr.py", "assets/classify.py"])
-def test_editing_a_curation_file_does_not_touch_training_or_evaluation(repo_copy, edited):
+def test_editing_a_curation_file_does_not_touch_training_or_evaluation(repo_copy, edited, dvc):
     keys = ["checkpoint_pretrain", "checkpoint_sft", "checkpoint", "evaluation", "samples", "checkpoint_dpo"]
     before = _versions(keys)
     with (repo_copy / edited).open("a") as fh:
         fh.write("\n# an edit\n")
     assert _versions(keys) == before
     for key in keys:
-        assert edited not in DVC[key]["deps"]
+        assert edited not in dvc[key]["deps"]
 
 
-def test_editing_the_trainer_reruns_the_checkpoints_and_not_the_curation(repo_copy):
+def test_editing_the_trainer_reruns_the_checkpoints_and_not_the_curation(repo_copy, dvc):
     keys = ["filtered", "rewritten", "train_set_pretrain", "checkpoint_pretrain", "evaluation"]
     before = _versions(keys)
     with (repo_copy / "training" / "core" / "trainer.py").open("a") as fh:
         fh.write("\n# an edit\n")
     after = _versions(keys)
     assert [k for k in keys if after[k] != before[k]] == ["checkpoint_pretrain"]
-    assert "training/core/trainer.py" in DVC["checkpoint_pretrain"]["deps"] and "training/core/trainer.py" not in DVC["filtered"]["deps"]
+    assert "training/core/trainer.py" in dvc["checkpoint_pretrain"]["deps"] and "training/core/trainer.py" not in dvc["filtered"]["deps"]
 
 
-def test_editing_a_rungs_train_file_marks_its_checkpoint_stale_in_both_doors(repo_copy, monkeypatch):
+def test_editing_a_rungs_train_file_marks_its_checkpoint_stale_in_both_doors(repo_copy, monkeypatch, dvc):
     """conf/train/demo.yaml: a dep of every demo rung's DVC stage, and its values are in their Dagster versions."""
     keys = ["checkpoint_pretrain", "train_set_pretrain", "filtered"]
     before = _versions(keys)
@@ -124,18 +129,18 @@ def test_editing_a_rungs_train_file_marks_its_checkpoint_stale_in_both_doors(rep
     conf.write_text(conf.read_text().replace("lr: 0.002", "lr: 0.003"))
     after = _versions(keys)
     assert after["checkpoint_pretrain"] != before["checkpoint_pretrain"] and after["filtered"] == before["filtered"]
-    assert "conf/train/demo.yaml" in DVC["checkpoint_pretrain"]["deps"] and "conf/train/demo.yaml" not in DVC["filtered"]["deps"]
+    assert "conf/train/demo.yaml" in dvc["checkpoint_pretrain"]["deps"] and "conf/train/demo.yaml" not in dvc["filtered"]["deps"]
 
 
-def test_every_asset_of_the_definitions_comes_from_the_registry_module():
+def test_every_asset_of_the_definitions_comes_from_the_registry_module(defs, assets_of_nodes):
     """No asset is written by hand: each is ASSETS[key], built from its row."""
-    assert {id(a) for a in defs.assets} == {id(a) for a in ASSETS.values()}
+    assert {id(a) for a in defs.assets} == {id(a) for a in assets_of_nodes.values()}
 
 
-def test_each_node_says_what_one_task_needs_and_its_asset_carries_it():
+def test_each_node_says_what_one_task_needs_and_its_asset_carries_it(assets_of_nodes):
     rows = {n.key: n for n in with_door("dagster", CFG)}
     assert rows["embedded"].resources.cpus == 2 and rows["filtered"].resources.gpus == 0  # a data stage: its stage's own declaration
     assert rows["checkpoint_pretrain"].resources.gpus == 1 and rows["evaluation"].resources.gpus == 1  # a torch model: a GPU a task
     for key, node in rows.items():
         if key != "raw_images":
-            assert ASSETS[key].op.tags == {"kiln/cpus": str(node.resources.cpus), "kiln/gpus": str(node.resources.gpus)}, key
+            assert assets_of_nodes[key].op.tags == {"kiln/cpus": str(node.resources.cpus), "kiln/gpus": str(node.resources.gpus)}, key

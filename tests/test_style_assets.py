@@ -7,7 +7,6 @@ import json
 import dagster as dg
 import pytest
 
-from dagster_project.assets import ASSETS
 from dagster_project.resources import KilnResource
 from kiln.cli import main
 from model.testing import write_tiny_text_encoder
@@ -27,8 +26,8 @@ def data(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_checkpoint_style_materializes_with_transfer_and_leakage_per_strength(data):
-    result = dg.materialize([ASSETS["checkpoint_style"]], resources={"kiln": KilnResource(overrides=SMALL, data_dir=str(data))}, instance=dg.DagsterInstance.ephemeral())
+def test_checkpoint_style_materializes_with_transfer_and_leakage_per_strength(data, assets_of_nodes):
+    result = dg.materialize([assets_of_nodes["checkpoint_style"]], resources={"kiln": KilnResource(overrides=SMALL, data_dir=str(data))}, instance=dg.DagsterInstance.ephemeral())
     assert result.success
     md = result.asset_materializations_for_node("checkpoint_style")[0].metadata
     for s in ("0", "0.5", "1"):

@@ -10,8 +10,6 @@ import dagster as dg
 import pyarrow.compute as pc
 import pytest
 
-from dagster_project.checks import all_checks
-from dagster_project.definitions import all_assets
 from dagster_project.resources import KilnResource
 from kiln.config import load_config
 from kiln.ladder import checkpoint_overrides, rungs, train_set_overrides
@@ -45,6 +43,9 @@ def ladder(tmp_path_factory, text_encoder_dir):
                  ("text_filter", "ocr", "text_filtered"), ("caption_ocr", "text_filtered", "captioned"), ("rewrite", "captioned", "rewritten")]  # fmt: skip
         for stage, src, dst in chain:
             run_stage(stage, root / "data" / src, root / "data" / dst, cfg)
+        from dagster_project.checks import all_checks
+        from dagster_project.definitions import all_assets
+
         resource = KilnResource(overrides=[*CPU_MICRO, f"model.text_encoder.path={text_encoder_dir}"], data_dir="data")
         selected = {"coverage", "mixes", *LADDER_KEYS}
         assets = [a for a in all_assets if a.key.to_user_string() in selected]
