@@ -93,7 +93,7 @@ class VersionInputs:
 
     files: tuple[str, ...]  # code files, then the files outside the data root it reads (conf/train/*.yaml)
     params: tuple[str, ...]  # config sections: their values, composed under the profile, version it
-    call: tuple[str, ...]  # its own arguments: positional, the paths it reads, options, its rung's overrides ({data}: the root)
+    call: tuple[str, ...]  # its own arguments: positional, the paths it reads, options, its rung's overrides (DATA_ROOT: the root)
 
 
 def node_code_files(node: Node) -> tuple[str, ...]:
@@ -121,15 +121,23 @@ def version_inputs(node: Node) -> VersionInputs:
 def node_code_version(node: Node, user: list[str] | None = None) -> str:
     """A node's Dagster code version: its version inputs, the bytes of its files and the values of its
     sections in the config it composes (its rung's, for a ladder node) under the graph's profile."""
-    from kiln.config import ConfigError, load_config
+    from kiln.config import ConfigError
 
     vi = version_inputs(node)
     try:
-        cfg = load_config(node.overrides(graph_overrides() if user is None else user, DATA))
-        values = {p: config_section(cfg, p) for p in vi.params}
-    except (ConfigError, AttributeError):  # no composable profile here: code and call alone version it
+        values = node_params(node, user)
+    except ConfigError:  # a profile that does not compose here (a model path of another machine): code and call alone
         values = {}
     return code_version(vi.files, {"params": values, "call": list(vi.call)})
+
+
+def node_params(node: Node, user: list[str] | None = None) -> dict:
+    """The values of a node's config sections in the config it composes under the profile (`user`, default the
+    graph's): what DVC reads from params.yaml."""
+    from kiln.config import load_config
+
+    cfg = load_config(node.overrides(graph_overrides() if user is None else user, DATA))
+    return {p: config_section(cfg, p) for p in node.params}
 
 
 def code_version(files: tuple[str, ...], params: dict | None = None) -> str:

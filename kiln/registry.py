@@ -37,7 +37,9 @@ from kiln.ladder import (
 from kiln.stage import StageResources
 from kiln.stage_names import STAGE_MODULES
 
-DATA = "{data}"  # the data root in a node's overrides; each door puts its own (DVC: data, Dagster: the resource's)
+# The data root in the call that versions a node (each door runs it with its own: DVC `data`, Dagster the resource's).
+# A plain word: it must parse as a Hydra override value, since the versions compose the config with it.
+DATA = "DATA_ROOT"
 DOORS = frozenset({"cli", "dagster", "dvc"})
 
 

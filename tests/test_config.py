@@ -111,3 +111,34 @@ def test_the_demo_profile_names_its_stand_ins_and_runs():
     assert cfg.data.source == "demo"
     assert set(cfg.data.stand_ins) == {"scene_metadata_captioner", "classical_embedder", "rules_labeller", "rules_rewriter"}
     assert (cfg.data.caption.captioner, cfg.data.embed.embedder, cfg.data.rewrite.rewriter) == ("scene_metadata", "classical", "rules")
+
+
+def test_the_kept_group_composition_with_value_overrides_applied_is_hydras_own_composition():
+    """kiln composes the config groups' choices once and applies the value overrides to a copy (Hydra's parser
+    and applier): for every rung of every ladder and a spread of overrides, the result is Hydra's `compose`."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from kiln.config.compose import _hydra_compose, conf_dir
+    from kiln.ladder import all_rungs, checkpoint_overrides, rung_base, train_set_overrides
+
+    cases = [[], ["train.steps=5"], ["ladder=krea"], ["train=pretrain_256", "train.lr=0.1"], ["data=web", "data.source=/tmp/x"],
+             ["train.parallel.tp=2"], ["data.demo.n=40", "data.classify.heads.0.threshold=0.3"], ["model=tiny", "train.steps=3", "train=demo"],
+             ["ladder.domains=[]"], ["data.rewrite.form_probs={long:1.0}"], ["train.steps=5", "~train.mix"], ["+train.nope=1"]]  # fmt: skip
+    for ladder in ([], ["ladder=krea"]):
+        for r in all_rungs(load_config(ladder)):
+            cases += [train_set_overrides(r, ladder, "DATA_ROOT"), checkpoint_overrides(r, ladder, "data"), rung_base(r, ladder)]
+
+    def plain(make, overrides):
+        try:
+            d = OmegaConf.to_container(make(overrides), resolve=False)
+        except Exception as e:  # noqa: BLE001 - a refusal must be the same refusal
+            return type(e).__name__, str(e).splitlines()[0]
+        return d, d.pop("hydra")["runtime"]["choices"]
+
+    def hydras(overrides):
+        with initialize_config_dir(config_dir=str(conf_dir().resolve())):
+            return compose("config", overrides=overrides, return_hydra_config=True)
+
+    for overrides in cases:
+        assert plain(_hydra_compose, overrides) == plain(hydras, overrides), overrides

@@ -144,3 +144,17 @@ def test_each_node_says_what_one_task_needs_and_its_asset_carries_it(assets_of_n
     for key, node in rows.items():
         if key != "raw_images":
             assert assets_of_nodes[key].op.tags == {"kiln/cpus": str(node.resources.cpus), "kiln/gpus": str(node.resources.gpus)}, key
+
+
+@pytest.mark.parametrize("profile", [[], ["ladder=krea"]])
+def test_every_node_versions_by_the_values_of_its_sections_in_the_config_it_composes(profile):
+    """No silent fallback to code alone: each node's config (a rung's with its wiring) composes, and its
+    sections' values are in its version; a rung's train set sees its own resolution."""
+    from kiln.lineage import node_params
+
+    found = {n.key: n for n in nodes(load_config(profile))}
+    values = {key: node_params(n, profile) for key, n in found.items()}
+    assert all(set(v) == set(found[k].params) for k, v in values.items())
+    if profile:
+        assert values["train_set_pretrain_512"]["data.pack"]["resolution"] == 512
+        assert values["train_set_pretrain_256"]["data.pack"]["resolution"] == 256

@@ -28,10 +28,35 @@ def conf_dir() -> Path:
 
 
 def _hydra_compose(overrides: list[str]):
+    """Hydra's composition in its two steps, the first kept: the config groups' choices (the defaults list, whose
+    YAML reads take ~0.3 s) composed once per set of choices and conf files, then the value overrides applied to a
+    copy by Hydra's own parser and applier, in order, as `compose` applies them after the defaults list."""
+    import copy
+
+    groups = [o for o in overrides if _is_group_override(o)]
+    values = [o for o in overrides if not _is_group_override(o)]
+    root = conf_dir().resolve()
+    cfg = copy.deepcopy(_compose_groups(str(root), tuple(groups), _fingerprint(root)))
+    if values:
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        ConfigLoaderImpl._apply_overrides_to_config(OverridesParser.create().parse_overrides(overrides=values), cfg)
+    return cfg
+
+
+def _is_group_override(override: str) -> bool:
+    """`train=demo`, `+ladder=krea`, `~metrics`: a choice of a config group (a key without dots among GROUPS)."""
+    key = override.split("=", 1)[0].lstrip("+~").split("@", 1)[0]
+    return key.split("/", 1)[0] in GROUPS and "." not in key
+
+
+@functools.lru_cache(maxsize=64)
+def _compose_groups(root: str, groups: tuple[str, ...], fingerprint: tuple):
     from hydra import compose, initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(conf_dir().resolve())):
-        return compose("config", overrides=overrides, return_hydra_config=True)
+    with initialize_config_dir(config_dir=root):
+        return compose("config", overrides=list(groups), return_hydra_config=True)
 
 
 def _add_missing_keys(overrides: list[str]) -> list[str]:
