@@ -153,16 +153,22 @@ def _plan(tmp_path: Path, **fields) -> Path:
     return path
 
 
-@pytest.fixture
-def bare_repo(tmp_path) -> Path:
+@pytest.fixture(scope="module")
+def bare_repo_template(tmp_path_factory) -> Path:
     """conf/, a dvc.yaml with an `evaluation` stage and Hydra enabled: enough for a plan to be checked."""
-    root = tmp_path / "repo"
+    root = tmp_path_factory.mktemp("bare") / "repo"
     root.mkdir()
     shutil.copytree(REPO_ROOT / "conf", root / "conf")
     sh(root, "dvc", "init", "-q", "--no-scm")
     sh(root, "dvc", "config", "hydra.enabled", "true")
     (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"evaluation": {"cmd": "true"}}}))
     return root
+
+
+@pytest.fixture
+def bare_repo(bare_repo_template, tmp_path) -> Path:
+    """A fresh copy of the template for each test (a test may write into it)."""
+    return Path(shutil.copytree(bare_repo_template, tmp_path / "repo"))
 
 
 @pytest.mark.parametrize(
