@@ -79,7 +79,9 @@ def make_captioner(cfg: CaptionConfig) -> Captioner:
     raise ValueError(f"unknown captioner {cfg.captioner!r}")
 
 
-def caption_rows(table: pa.Table, captioner: Captioner, stage: str = "caption", record_decoding: bool = False) -> StageOutput:
+def caption_rows(
+    table: pa.Table, captioner: Captioner, stage: str = "caption", record_decoding: bool = False
+) -> StageOutput:
     """Pure core of the stage: add caption + caption_source to rows that got one, reject the others."""
     captions = captioner.caption(table)
     if len(captions) != table.num_rows:

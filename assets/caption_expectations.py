@@ -15,10 +15,22 @@ from kiln import schemas
 from kiln.config import KilnConfig
 
 PATH_LEAK = r"(/|\\|\.(png|jpe?g|webp|gif|tiff?|bmp|parquet|tar)\b)"
-SUITE_SCHEMAS = {"ocred": schemas.OCRED, "ocr_captioned": schemas.OCR_CAPTIONED, "rewritten": schemas.REWRITTEN, "prompt_pairs": schemas.PROMPT_PAIRS,
-                 "concept_weights": schemas.CONCEPT_WEIGHTS, "mix": schemas.MIX}
+SUITE_SCHEMAS = {
+    "ocred": schemas.OCRED,
+    "ocr_captioned": schemas.OCR_CAPTIONED,
+    "rewritten": schemas.REWRITTEN,
+    "prompt_pairs": schemas.PROMPT_PAIRS,
+    "concept_weights": schemas.CONCEPT_WEIGHTS,
+    "mix": schemas.MIX,
+}
 MIXES = ["pretrain", "midtrain", "sft"]  # kiln.schemas.MixRow.mix
-FORM_COLUMNS = {"short": "caption_short", "medium": "caption_medium", "long": "caption_long", "tags": "caption_tags", "json": "caption_json"}
+FORM_COLUMNS = {
+    "short": "caption_short",
+    "medium": "caption_medium",
+    "long": "caption_long",
+    "tags": "caption_tags",
+    "json": "caption_json",
+}
 
 
 def ocr_engines(cfg: KilnConfig) -> list[str]:
@@ -73,7 +85,14 @@ def expectations(dataset: str, cfg: KilnConfig) -> list:
         E.ExpectColumnValueLengthsToBeBetween(column="part", min_value=1),
         E.ExpectColumnValuesToBeBetween(column="sampling_weight", min_value=0, strict_min=True),
     ]
-    suites = {"ocred": ocred, "ocr_captioned": captioned, "rewritten": rewritten, "prompt_pairs": pairs, "concept_weights": weights, "mix": mix}
+    suites = {
+        "ocred": ocred,
+        "ocr_captioned": captioned,
+        "rewritten": rewritten,
+        "prompt_pairs": pairs,
+        "concept_weights": weights,
+        "mix": mix,
+    }
     if dataset not in suites:
         raise KeyError(f"no caption expectation suite for {dataset!r}; suites: {sorted(suites)}")
     return suites[dataset]

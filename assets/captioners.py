@@ -44,4 +44,11 @@ def caption_ocr_stage(table: pa.Table, cfg: KilnConfig) -> StageOutput:
     return caption_rows(table, make_ocr_captioner(cfg), stage="caption_ocr", record_decoding=True)
 
 
-STAGE = Stage("caption_ocr", caption_ocr_stage, input_schema=OCRED, output_schema=OCR_CAPTIONED, scope="shard", setup=make_ocr_captioner)
+STAGE = Stage(
+    "caption_ocr",
+    caption_ocr_stage,
+    input_schema=OCRED,
+    output_schema=OCR_CAPTIONED,
+    scope="shard",
+    setup=make_ocr_captioner,
+)

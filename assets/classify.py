@@ -73,10 +73,6 @@ class RuleLabeller:
         return out
 
 
-
-
-
-
 class VLMLabeller:
     """A VLM asked the task prompt about each image; the label is whether it would answer `positive`.
 
@@ -87,20 +83,42 @@ class VLMLabeller:
     through generate (left-padded, attention-masked, so each prompt's answer starts at its own last
     position): the same rows give the same probabilities, up to float rounding, whatever the batch size."""
 
-    def __init__(self, path: str, prompt: str, positive: str = "yes", negative: str = "no", batch_size: int = 8,
-                 device: str = "cpu", max_pixels: int = 64_000_000):
-        self.path, self.prompt, self.batch_size, self.device, self.max_pixels = path, prompt, batch_size, device, max_pixels
+    def __init__(
+        self,
+        path: str,
+        prompt: str,
+        positive: str = "yes",
+        negative: str = "no",
+        batch_size: int = 8,
+        device: str = "cpu",
+        max_pixels: int = 64_000_000,
+    ):
+        self.path, self.prompt, self.batch_size, self.device, self.max_pixels = (
+            path,
+            prompt,
+            batch_size,
+            device,
+            max_pixels,
+        )
         self.model, self.processor = load_vlm(path, device)
         tok = self.processor.tokenizer
         self.answers = YesNo.of(tok, positive, negative, path)
         self.positive_ids, self.negative_ids = self.answers.positive_ids, self.answers.negative_ids
-        self.settings = GenerationSettings(max_new_tokens=1, min_new_tokens=0)  # greedy, one step: only its logits are read
+        self.settings = GenerationSettings(
+            max_new_tokens=1, min_new_tokens=0
+        )  # greedy, one step: only its logits are read
         self.name = f"vlm:{self.model.config.model_type}:{path.rstrip('/').split('/')[-1]}"
         self.decoding = {
-            "model": path, "prompt": prompt, "positive": positive, "negative": negative,
-            "positive_tokens": tok.convert_ids_to_tokens(self.positive_ids), "negative_tokens": tok.convert_ids_to_tokens(self.negative_ids),
+            "model": path,
+            "prompt": prompt,
+            "positive": positive,
+            "negative": negative,
+            "positive_tokens": tok.convert_ids_to_tokens(self.positive_ids),
+            "negative_tokens": tok.convert_ids_to_tokens(self.negative_ids),
             "method": "next-token logits: p = softmax(logsumexp(positive), logsumexp(negative)); label = p >= 0.5",
-            "batch_size": batch_size, "device": device, **asdict(self.settings),
+            "batch_size": batch_size,
+            "device": device,
+            **asdict(self.settings),
         }
 
     def probabilities(self, rows: pa.Table) -> np.ndarray:
@@ -113,8 +131,12 @@ class VLMLabeller:
             batch = uris[start : start + self.batch_size]
             inputs = vlm_inputs(self.processor, batch, [self.prompt] * len(batch), self.device, self.max_pixels)
             with torch.no_grad():
-                gen = self.model.generate(**inputs, **self.settings.kwargs(), output_logits=True, return_dict_in_generate=True)
-            out.append(self.answers.p_yes(gen.logits[0]).double().cpu().numpy())  # the first generated position's raw logits
+                gen = self.model.generate(
+                    **inputs, **self.settings.kwargs(), output_logits=True, return_dict_in_generate=True
+                )
+            out.append(
+                self.answers.p_yes(gen.logits[0]).double().cpu().numpy()
+            )  # the first generated position's raw logits
         return np.concatenate(out) if out else np.zeros(0, np.float64)
 
     def label(self, rows: pa.Table) -> np.ndarray:
@@ -150,7 +172,9 @@ class HeadReport:
     recall_at_half: float | None
     rejected: int = 0
     note: str = ""
-    labeller_decoding: dict = field(default_factory=dict)  # the labeller's `decoding`: rule, or model path, prompt, settings
+    labeller_decoding: dict = field(
+        default_factory=dict
+    )  # the labeller's `decoding`: rule, or model path, prompt, settings
 
 
 def sample_order(ids: list[str], seed: int) -> np.ndarray:
@@ -181,24 +205,42 @@ def _pr(y: np.ndarray, pred: np.ndarray) -> tuple[float | None, float | None]:
     return precision, recall
 
 
-def train_head(table: pa.Table, x: np.ndarray, cfg: ClassifyConfig, head: HeadConfig, max_pixels: int) -> tuple[np.ndarray | None, HeadReport]:
+def train_head(
+    table: pa.Table, x: np.ndarray, cfg: ClassifyConfig, head: HeadConfig, max_pixels: int
+) -> tuple[np.ndarray | None, HeadReport]:
     """Pseudo-label a sample, train + calibrate + evaluate a head; return every row's probability."""
     labeller = make_labeller(head, max_pixels)
     order = sample_order(table.column("id").to_pylist(), cfg.seed)[: cfg.sample]
     y = labeller.label(table.take(pa.array(order)))
     n_hold = max(1, int(round(len(order) * cfg.holdout)))
     tr, ho = np.arange(len(order) - n_hold), np.arange(len(order) - n_hold, len(order))
-    base = dict(head=head.name, labeller=labeller.name, labeller_decoding=labeller.decoding, n_train=len(tr), n_holdout=len(ho),
-                positives_train=int(y[tr].sum()), positives_holdout=int(y[ho].sum()), threshold=head.threshold)
+    base = dict(
+        head=head.name,
+        labeller=labeller.name,
+        labeller_decoding=labeller.decoding,
+        n_train=len(tr),
+        n_holdout=len(ho),
+        positives_train=int(y[tr].sum()),
+        positives_holdout=int(y[ho].sum()),
+        threshold=head.threshold,
+    )
     if len(np.unique(y[tr])) < 2:
-        return None, HeadReport(**base, trained=False, precision=None, recall=None, precision_at_half=None,
-                                recall_at_half=None, note="single-class training sample: head not trained, nothing rejected")
+        return None, HeadReport(
+            **base,
+            trained=False,
+            precision=None,
+            recall=None,
+            precision_at_half=None,
+            recall_at_half=None,
+            note="single-class training sample: head not trained, nothing rejected",
+        )
     clf = fit_head(x[order[tr]], y[tr], cfg.model, cfg.seed)
     p_hold = clf.predict_proba(x[order[ho]])[:, 1]
     precision, recall = _pr(y[ho], p_hold >= head.threshold)
     p_half, r_half = _pr(y[ho], p_hold >= 0.5)
-    return clf.predict_proba(x)[:, 1], HeadReport(**base, trained=True, precision=precision, recall=recall,
-                                                  precision_at_half=p_half, recall_at_half=r_half)
+    return clf.predict_proba(x)[:, 1], HeadReport(
+        **base, trained=True, precision=precision, recall=recall, precision_at_half=p_half, recall_at_half=r_half
+    )
 
 
 # ------------------------------------------------------------------------------------------- stage
@@ -217,7 +259,9 @@ def classify_rows(table: pa.Table, cfg: KilnConfig, stage: str = "classify") -> 
         n_rej = 0
         if probs is not None and head.reject:
             for r in np.flatnonzero((probs >= head.threshold) & ~done):
-                rejects.add(ids[r], uris[r], Reason(head.reason), float(probs[r]), f"head {head.name} p>={head.threshold}")
+                rejects.add(
+                    ids[r], uris[r], Reason(head.reason), float(probs[r]), f"head {head.name} p>={head.threshold}"
+                )
                 done[r] = True
                 n_rej += 1
         reports.append(HeadReport(**{**report.__dict__, "rejected": n_rej}))

@@ -36,8 +36,16 @@ from model.image_encoders import l2_normalise
 
 
 # ----------------------------------------------------------------------------------------- k-means
-def kmeans(x: np.ndarray, k: int, niter: int, seed: int, weights: np.ndarray | None = None, threads: int = 1, nredo: int = 5,
-           tol: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+def kmeans(
+    x: np.ndarray,
+    k: int,
+    niter: int,
+    seed: int,
+    weights: np.ndarray | None = None,
+    threads: int = 1,
+    nredo: int = 5,
+    tol: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray]:
     """Spherical FAISS k-means: (centroids (k, d), label of each row). k is capped at the row count.
 
     Each of the `nredo` restarts stops before `niter` iterations once the objective changes by less than
@@ -48,12 +56,23 @@ def kmeans(x: np.ndarray, k: int, niter: int, seed: int, weights: np.ndarray | N
     faiss.omp_set_num_threads(threads)
     x = np.ascontiguousarray(x, np.float32)
     k = max(1, min(k, len(x)))
-    km = faiss.Kmeans(x.shape[1], k, niter=niter, nredo=nredo, seed=seed, spherical=True, verbose=False,
-                      min_points_per_centroid=1, max_points_per_centroid=1 << 30)
+    km = faiss.Kmeans(
+        x.shape[1],
+        k,
+        niter=niter,
+        nredo=nredo,
+        seed=seed,
+        spherical=True,
+        verbose=False,
+        min_points_per_centroid=1,
+        max_points_per_centroid=1 << 30,
+    )
     if hasattr(km.cp, "early_stop_threshold"):
         km.cp.early_stop_threshold = tol
     elif tol > 0:
-        raise RuntimeError(f"k-means tol={tol} needs FAISS's early stop (faiss-cpu 1.15 has it, this is {faiss.__version__}); set data.clustering.kmeans_tol=0")
+        raise RuntimeError(
+            f"k-means tol={tol} needs FAISS's early stop (faiss-cpu 1.15 has it, this is {faiss.__version__}); set data.clustering.kmeans_tol=0"
+        )
     km.train(x, weights=None if weights is None else np.ascontiguousarray(weights, np.float32))
     _, labels = km.index.search(x, 1)
     return km.centroids, labels[:, 0].astype(np.int64)
@@ -67,7 +86,9 @@ def canonical(labels: np.ndarray) -> np.ndarray:
     return rank[inverse]
 
 
-def hierarchical_kmeans(x: np.ndarray, levels: list[int], niter: int = 25, seed: int = 0, threads: int = 1, tol: float = 0.0) -> list[np.ndarray]:
+def hierarchical_kmeans(
+    x: np.ndarray, levels: list[int], niter: int = 25, seed: int = 0, threads: int = 1, tol: float = 0.0
+) -> list[np.ndarray]:
     """One label array per level, coarse to fine; each finer cluster lies inside one coarser cluster.
 
     Top-down: k-means with levels[0] clusters over all rows, then each cluster is split again, into
@@ -82,7 +103,11 @@ def hierarchical_kmeans(x: np.ndarray, levels: list[int], niter: int = 25, seed:
         for p in range(int(parent.max()) + 1):
             rows = np.flatnonzero(parent == p)
             k_p = max(1, min(len(rows), int(round(k * len(rows) / len(x)))))
-            _, lab = kmeans(x[rows], k_p, niter, seed, threads=threads, tol=tol) if k_p > 1 else (None, np.zeros(len(rows), np.int64))
+            _, lab = (
+                kmeans(x[rows], k_p, niter, seed, threads=threads, tol=tol)
+                if k_p > 1
+                else (None, np.zeros(len(rows), np.int64))
+            )
             child[rows] = base + canonical(lab)
             base = int(child[rows].max()) + 1
         out.append(canonical(child))
@@ -99,7 +124,9 @@ class Namer(Protocol):
         ...
 
 
-STOPWORDS = frozenset(["a", "an", "the", "on", "in", "at", "of", "and", "with", "to", "is", "two", "three", "background"])
+STOPWORDS = frozenset(
+    ["a", "an", "the", "on", "in", "at", "of", "and", "with", "to", "is", "two", "three", "background"]
+)
 
 
 class CaptionNamer:
@@ -115,7 +142,9 @@ class CaptionNamer:
         captions = [c for c in self.captioner.caption(rows) if c]
         if not captions:
             return "(no captions)"
-        counts = Counter(w for c in captions for w in sorted(set(c.lower().replace(",", " ").split())) if w not in STOPWORDS)
+        counts = Counter(
+            w for c in captions for w in sorted(set(c.lower().replace(",", " ").split())) if w not in STOPWORDS
+        )
         top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: self.words]
         return " ".join(w for w, _ in top)
 
@@ -130,8 +159,12 @@ def make_namer(cfg: KilnConfig) -> Namer:
         from components.vlm import GenerationSettings, VLMCaptioner
 
         if not c.namer_vlm_path:
-            raise ValueError("data.clustering.namer=vlm needs data.clustering.namer_vlm_path (a local model + processor folder)")
-        asker = VLMCaptioner(c.namer_vlm_path, c.namer_prompt, batch_size=c.name_n, settings=GenerationSettings(max_new_tokens=12))
+            raise ValueError(
+                "data.clustering.namer=vlm needs data.clustering.namer_vlm_path (a local model + processor folder)"
+            )
+        asker = VLMCaptioner(
+            c.namer_vlm_path, c.namer_prompt, batch_size=c.name_n, settings=GenerationSettings(max_new_tokens=12)
+        )
         return CaptionNamer(asker, name=f"vlm:{c.namer_vlm_path}")
     raise ValueError(f"unknown namer {c.namer!r}")
 
@@ -171,7 +204,9 @@ def flag_reason(info: ClusterInfo, cfg: ClusteringConfig) -> str:
 
 
 # ------------------------------------------------------------------------------------------- stage
-def cluster_rows(table: pa.Table, cfg: KilnConfig, namer: Namer | None = None, stage: str = "cluster") -> tuple[StageOutput, list[list[ClusterInfo]]]:
+def cluster_rows(
+    table: pa.Table, cfg: KilnConfig, namer: Namer | None = None, stage: str = "cluster"
+) -> tuple[StageOutput, list[list[ClusterInfo]]]:
     """Cluster, name, sync the review table, reject rows of rejected clusters. Also returns the summaries."""
     c = cfg.data.clustering
     if c.review_level >= len(c.levels):
@@ -188,8 +223,13 @@ def cluster_rows(table: pa.Table, cfg: KilnConfig, namer: Namer | None = None, s
     for level, lab in enumerate(labels):
         infos = summarise(x, ids, lab, level, c.name_n)
         infos = [
-            ClusterInfo(**{**i.__dict__, "name": namer.name_cluster(table.take(pa.array([row_of[n] for n in i.nearest]))),
-                           "flag_reason": flag_reason(i, c) if level == c.review_level else ""})
+            ClusterInfo(
+                **{
+                    **i.__dict__,
+                    "name": namer.name_cluster(table.take(pa.array([row_of[n] for n in i.nearest]))),
+                    "flag_reason": flag_reason(i, c) if level == c.review_level else "",
+                }
+            )
             for i in infos
         ]
         summaries.append(infos)
@@ -199,7 +239,13 @@ def cluster_rows(table: pa.Table, cfg: KilnConfig, namer: Namer | None = None, s
     for r in range(table.num_rows):
         decision, name = decisions.get(int(review_lab[r]), ("", ""))
         if decision == "reject":
-            rejects.add(ids[r], uris[r], Reason.CLUSTER_REJECTED, float(review_lab[r]), f"level {c.review_level} cluster {review_lab[r]}: {name}")
+            rejects.add(
+                ids[r],
+                uris[r],
+                Reason.CLUSTER_REJECTED,
+                float(review_lab[r]),
+                f"level {c.review_level} cluster {review_lab[r]}: {name}",
+            )
         else:
             keep.append(r)
     leaf = labels[-1]
@@ -208,9 +254,15 @@ def cluster_rows(table: pa.Table, cfg: KilnConfig, namer: Namer | None = None, s
     cos = np.einsum("nd,nd->n", x, leaf_cent[leaf])
     kept = table.take(pa.array(keep, pa.int64()))
     idx = np.array(keep, np.int64)
-    kept = kept.append_column(pa.field("cluster_path", pa.string(), nullable=False), pa.array([path[i] for i in keep], pa.string()))
-    kept = kept.append_column(pa.field("leaf", pa.int32(), nullable=False), pa.array(leaf[idx].astype(np.int32), pa.int32()))
-    kept = kept.append_column(pa.field("leaf_cosine", pa.float32(), nullable=False), pa.array(cos[idx].astype(np.float32), pa.float32()))
+    kept = kept.append_column(
+        pa.field("cluster_path", pa.string(), nullable=False), pa.array([path[i] for i in keep], pa.string())
+    )
+    kept = kept.append_column(
+        pa.field("leaf", pa.int32(), nullable=False), pa.array(leaf[idx].astype(np.int32), pa.int32())
+    )
+    kept = kept.append_column(
+        pa.field("leaf_cosine", pa.float32(), nullable=False), pa.array(cos[idx].astype(np.float32), pa.float32())
+    )
     return StageOutput(kept, rejects.table()), summaries
 
 

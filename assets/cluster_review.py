@@ -46,7 +46,10 @@ def sync_review(db: Path | str, clusters: list[ClusterInfo]) -> dict[int, tuple[
     try:
         live: dict[int, tuple[str, str]] = {}
         for info in clusters:
-            row = con.execute("SELECT centroid, decision, note FROM cluster_review WHERE level = ? AND cluster = ?", [info.level, info.cluster]).fetchone()
+            row = con.execute(
+                "SELECT centroid, decision, note FROM cluster_review WHERE level = ? AND cluster = ?",
+                [info.level, info.cluster],
+            ).fetchone()
             same = False
             if row is not None and len(row[0]) == 4 * len(info.centroid):
                 same = float(np.frombuffer(row[0], np.float32) @ info.centroid) >= CENTROID_MATCH
@@ -55,8 +58,18 @@ def sync_review(db: Path | str, clusters: list[ClusterInfo]) -> dict[int, tuple[
             decision, note = (row[1], row[2]) if same else ("pending", "")
             con.execute(
                 "INSERT OR REPLACE INTO cluster_review VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [info.level, info.cluster, info.name, info.size, info.cohesion, info.flag_reason or "reviewed",
-                 json.dumps(info.nearest), info.centroid.astype(np.float32).tobytes(), decision, note],
+                [
+                    info.level,
+                    info.cluster,
+                    info.name,
+                    info.size,
+                    info.cohesion,
+                    info.flag_reason or "reviewed",
+                    json.dumps(info.nearest),
+                    info.centroid.astype(np.float32).tobytes(),
+                    decision,
+                    note,
+                ],
             )
             live[info.cluster] = (decision, info.name)
         return live
@@ -69,10 +82,15 @@ def set_decision(db: Path | str, level: int, cluster: int, decision: str, note: 
         raise ValueError(f"decision must be one of {DECISIONS}, got {decision!r}")
     con = connect(db)
     try:
-        n = con.execute("SELECT count(*) FROM cluster_review WHERE level = ? AND cluster = ?", [level, cluster]).fetchone()[0]
+        n = con.execute(
+            "SELECT count(*) FROM cluster_review WHERE level = ? AND cluster = ?", [level, cluster]
+        ).fetchone()[0]
         if not n:
             raise UnknownName(f"no cluster {level}:{cluster} in the review table {db}; `kiln review list` shows them")
-        con.execute("UPDATE cluster_review SET decision = ?, note = ? WHERE level = ? AND cluster = ?", [decision, note, level, cluster])
+        con.execute(
+            "UPDATE cluster_review SET decision = ?, note = ? WHERE level = ? AND cluster = ?",
+            [decision, note, level, cluster],
+        )
     finally:
         con.close()
 
@@ -80,12 +98,10 @@ def set_decision(db: Path | str, level: int, cluster: int, decision: str, note: 
 def review_rows(db: Path | str) -> list[dict]:
     con = connect(db)
     try:
-        cur = con.execute("SELECT level, cluster, name, size, cohesion, flag_reason, decision, note FROM cluster_review ORDER BY level, cluster")
+        cur = con.execute(
+            "SELECT level, cluster, name, size, cohesion, flag_reason, decision, note FROM cluster_review ORDER BY level, cluster"
+        )
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, r)) for r in cur.fetchall()]
     finally:
         con.close()
-
-
-
-

@@ -60,9 +60,9 @@ def fts_status(con: duckdb.DuckDBPyConnection) -> str:
         return f"unavailable: {str(e).splitlines()[0][:160]}"
 
 
-
-
-def concept_hits(pool: pa.Table, concepts: pa.Table, columns: list[str], con: duckdb.DuckDBPyConnection | None = None) -> pa.Table:
+def concept_hits(
+    pool: pa.Table, concepts: pa.Table, columns: list[str], con: duckdb.DuckDBPyConnection | None = None
+) -> pa.Table:
     """(concept, id) for every phrase match, through the SQL positional inverted index."""
     con = con or reproducible_connection()
     con.register("pool", pool.select(["id", *columns]))
@@ -72,13 +72,16 @@ def concept_hits(pool: pa.Table, concepts: pa.Table, columns: list[str], con: du
         SELECT id, terms[pos] AS term, pos FROM (SELECT id, {_TERMS.format(x=text)} AS terms FROM pool),
         LATERAL (SELECT unnest(range(1, len(terms) + 1)) AS pos)""")
     con.execute(f"""CREATE OR REPLACE TEMP TABLE concept_terms AS
-        SELECT concept, terms[k] AS term, k, len(terms) AS n FROM (SELECT concept, {_TERMS.format(x='concept')} AS terms FROM concept_list),
+        SELECT concept, terms[k] AS term, k, len(terms) AS n FROM (SELECT concept, {_TERMS.format(x="concept")} AS terms FROM concept_list),
         LATERAL (SELECT unnest(range(1, len(terms) + 1)) AS k)""")
-    return _arrow(con, """
+    return _arrow(
+        con,
+        """
         SELECT DISTINCT concept, id FROM (
             SELECT c.concept, p.id, p.pos - c.k AS start FROM concept_terms c JOIN postings p USING (term)
             GROUP BY c.concept, p.id, start, c.n HAVING count(DISTINCT c.k) = c.n)
-        ORDER BY concept, id""")
+        ORDER BY concept, id""",
+    )
 
 
 @dataclass(frozen=True)
@@ -97,8 +100,14 @@ def coverage(pool: pa.Table, concepts: pa.Table, cfg: ConceptConfig) -> Coverage
     con.register("ids", pool.select(["id"]))
     n = pool.num_rows
     counts = con.execute("SELECT concept, count(*) AS rows FROM hits GROUP BY concept").fetchall()
-    median = float(con.execute("SELECT coalesce(median(c), 1) FROM (SELECT count(*) AS c FROM hits GROUP BY concept)").fetchall()[0][0])
-    weights = _arrow(con, f"""
+    median = float(
+        con.execute("SELECT coalesce(median(c), 1) FROM (SELECT count(*) AS c FROM hits GROUP BY concept)").fetchall()[
+            0
+        ][0]
+    )
+    weights = _arrow(
+        con,
+        f"""
         WITH per_concept AS (SELECT concept, count(*) AS c FROM hits GROUP BY concept),
         per_row AS (
             SELECT h.id, list(h.concept ORDER BY l.rank, h.concept) AS concepts, min(p.c) AS rarest
@@ -107,13 +116,17 @@ def coverage(pool: pa.Table, concepts: pa.Table, cfg: ConceptConfig) -> Coverage
             SELECT i.id, coalesce(r.concepts, []) AS concepts,
                    CASE WHEN r.rarest IS NULL THEN 1.0 ELSE least({cfg.max_weight}, pow({median} / r.rarest, {cfg.alpha})) END AS w
             FROM ids i LEFT JOIN per_row r USING (id))
-        SELECT id, to_json(concepts)::VARCHAR AS concepts, w / (SELECT avg(w) FROM raw) AS sampling_weight FROM raw ORDER BY id""")
+        SELECT id, to_json(concepts)::VARCHAR AS concepts, w / (SELECT avg(w) FROM raw) AS sampling_weight FROM raw ORDER BY id""",
+    )
     con.register("weights", weights)
-    counts_t = _arrow(con, f"""
+    counts_t = _arrow(
+        con,
+        f"""
         SELECT l.concept, l.rank, count(h.id) AS rows, count(h.id) / {max(n, 1)}::DOUBLE AS share,
                coalesce(sum(w.sampling_weight), 0) / {max(n, 1)}::DOUBLE AS weighted_share
         FROM concept_list l LEFT JOIN hits h USING (concept) LEFT JOIN weights w USING (id)
-        GROUP BY l.concept, l.rank ORDER BY l.rank, l.concept""")
+        GROUP BY l.concept, l.rank ORDER BY l.rank, l.concept""",
+    )
     counts_t = check_schema(counts_t, CONCEPT_COUNTS, "concept counts")
     weights = check_schema(weights, CONCEPT_WEIGHTS, "concept weights")
     covered = [r for r in counts_t.to_pylist() if r["rows"]]
@@ -147,8 +160,13 @@ def coverage_plot(counts: pa.Table, path: Path | None = None):
     from kiln.viz import line_plot
 
     rows = sorted((r for r in counts.to_pylist() if r["rows"]), key=lambda r: (r["rows"], r["rank"]))
-    series = {"share of rows": [r["share"] for r in rows], "share of sampling weight": [r["weighted_share"] for r in rows]}
-    return line_plot(series, title="concept coverage, rarest concept first", xlabel="concept (by row count)", path=path, logy=True)
+    series = {
+        "share of rows": [r["share"] for r in rows],
+        "share of sampling weight": [r["weighted_share"] for r in rows],
+    }
+    return line_plot(
+        series, title="concept coverage, rarest concept first", xlabel="concept (by row count)", path=path, logy=True
+    )
 
 
 def write_coverage(pool_folder: Path | str, out: Path | str, cfg: ConceptConfig) -> dict:

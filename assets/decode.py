@@ -88,9 +88,18 @@ def decode_views(data: bytes, orientation: int, decode_size: int, stats_size: in
     except Exception as e:  # PIL signals corrupt data with SyntaxError, ValueError, EOFError, struct.error...
         raise DecodeFailure(detail_of(e)) from e
     smooth = _square(rgb, stats_size, Image.Resampling.BILINEAR)
-    stats = smooth if rgb.width >= stats_size and rgb.height >= stats_size else _square(rgb, stats_size, Image.Resampling.NEAREST)
+    stats = (
+        smooth
+        if rgb.width >= stats_size and rgb.height >= stats_size
+        else _square(rgb, stats_size, Image.Resampling.NEAREST)
+    )
     hashed = upright(smooth.resize((PHASH_INPUT, PHASH_INPUT), Image.Resampling.BOX), orientation)
-    return Views(np.asarray(upright(stats, orientation)), np.asarray(hashed), np.asarray(hashed.convert("L")), np.asarray(hashed.convert("HSV")))
+    return Views(
+        np.asarray(upright(stats, orientation)),
+        np.asarray(hashed),
+        np.asarray(hashed.convert("L")),
+        np.asarray(hashed.convert("HSV")),
+    )
 
 
 # -------------------------------------------------------------------------------------- statistics
@@ -107,7 +116,9 @@ def laplacian_var(grey: np.ndarray) -> float:
 
 def rgb_entropy(rgb: np.ndarray) -> float:
     """Mean Shannon entropy (bits, 0..8) of the three 256-bin channel histograms."""
-    counts = np.asarray(Image.fromarray(np.ascontiguousarray(rgb), "RGB").histogram(), np.float64).reshape(3, 256)  # PIL's C histogram
+    counts = np.asarray(Image.fromarray(np.ascontiguousarray(rgb), "RGB").histogram(), np.float64).reshape(
+        3, 256
+    )  # PIL's C histogram
     p = counts / counts.sum(axis=1, keepdims=True)
     bits = -(p * np.log2(p, out=np.zeros_like(p), where=p > 0)).sum(axis=1)  # 0 log 0 = 0
     return float(bits.mean())
@@ -150,7 +161,9 @@ def border_share(rgb: np.ndarray) -> float:
     if h == w and h >= 2:  # the stats view is square: the four edge lines stack, and a photograph's are not flat
         edges = np.stack([side[0] for side in sides])  # (4, side, 3)
         dev = np.abs(edges.astype(np.float32) - _median_colour(edges)[:, None])
-        flat = (np.maximum(np.maximum(dev[..., 0], dev[..., 1]), dev[..., 2]) <= BORDER_TOL).mean(axis=1) >= BORDER_ROW_SHARE
+        flat = (np.maximum(np.maximum(dev[..., 0], dev[..., 1]), dev[..., 2]) <= BORDER_TOL).mean(
+            axis=1
+        ) >= BORDER_ROW_SHARE
         top, bottom, left, right = (_band_depth(side) if f else 0 for side, f in zip(sides, flat.tolist()))
     else:
         top, bottom, left, right = (_band_depth(side) for side in sides)
@@ -186,7 +199,10 @@ def measure_pixels(views: Views, aspect: float) -> Measures:
     rgb = views.stats
     grey = grey_of(rgb)
     r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
-    lo, hi = np.minimum(np.minimum(r, g), b), np.maximum(np.maximum(r, g), b)  # (a reduction over the 3-long axis is 10x slower)
+    lo, hi = (
+        np.minimum(np.minimum(r, g), b),
+        np.maximum(np.maximum(r, g), b),
+    )  # (a reduction over the 3-long axis is 10x slower)
     return Measures(
         aspect=float(aspect),
         laplacian_var=laplacian_var(grey),

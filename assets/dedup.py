@@ -91,7 +91,9 @@ class BandIndex:
         return self.start[pos], np.where(hit, self.count[pos], 0)
 
 
-def _expand(query: np.ndarray, start: np.ndarray, count: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _expand(
+    query: np.ndarray, start: np.ndarray, count: np.ndarray, order: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Ragged join: each query row against the `count` rows of its bucket."""
     total = int(count.sum())
     q = np.repeat(query, count)
@@ -212,7 +214,9 @@ def dedup(table: pa.Table, cfg: KilnConfig) -> StageOutput:
     for r in np.flatnonzero(g.keeper != np.arange(table.num_rows)):
         reason = Reason.EXACT_DUPLICATE if g.exact[r] else Reason.NEAR_DUPLICATE
         rejects.add(ids[r], uris[r], reason, float(g.distance[r]), ids[g.keeper[r]])
-    kept = table.take(pa.array(kept_rows)).append_column("dup_group", pa.array([ids[r] for r in kept_rows], pa.string()))
+    kept = table.take(pa.array(kept_rows)).append_column(
+        "dup_group", pa.array([ids[r] for r in kept_rows], pa.string())
+    )
     return StageOutput(kept, rejects.table())
 
 
@@ -245,7 +249,10 @@ def groups_table(kept: pa.Table, rejected: pa.Table) -> pa.Table:
         if g in grouped
     ]
     rows = sorted(keeper_rows + members, key=lambda r: (r[0], r[3] != "keeper", r[1]))
-    return pa.table({name: list(col) for name, col in zip(GROUPS.names, zip(*rows))} if rows else {n: [] for n in GROUPS.names}, schema=GROUPS)
+    return pa.table(
+        {name: list(col) for name, col in zip(GROUPS.names, zip(*rows))} if rows else {n: [] for n in GROUPS.names},
+        schema=GROUPS,
+    )
 
 
 STAGE = Stage(name="dedup", fn=dedup, input_schema=FILTERED, output_schema=DEDUPED, scope="global")

@@ -98,7 +98,13 @@ EXPECTED_REASON = {
     "near_dup_cropped": Reason.NEAR_DUPLICATE,
 }
 DERIVED = ("exact_dup", "near_dup_resized", "near_dup_recompressed", "near_dup_cropped", "color_variant")
-FAMILY_WEIGHTS = {"single_shape": 0.4, "counted_shapes": 0.2, "two_shapes": 0.15, "text_sign": 0.1, "pattern_background": 0.15}
+FAMILY_WEIGHTS = {
+    "single_shape": 0.4,
+    "counted_shapes": 0.2,
+    "two_shapes": 0.15,
+    "text_sign": 0.1,
+    "pattern_background": 0.15,
+}
 # a few scenes in less common containers (category stays "scene")
 RARE_FORMATS = {"WEBP": 6, "BMP": 4, "GIF": 4, "TIFF": 4}
 EXT = {"PNG": "png", "JPEG": "jpg", "WEBP": "webp", "BMP": "bmp", "GIF": "gif", "TIFF": "tif"}
@@ -204,7 +210,9 @@ class _Builder:
                 return s
         raise RuntimeError("could not draw a new unique scene")
 
-    def scene_entry(self, category: str, scene: Scene, im: Image.Image, fmt: str, ext: str | None = None, **opts) -> Entry:
+    def scene_entry(
+        self, category: str, scene: Scene, im: Image.Image, fmt: str, ext: str | None = None, **opts
+    ) -> Entry:
         data = encode(im, fmt, **opts)
         return Entry(category, data, ext or EXT[fmt], fmt, im.size, scene.family, caption_for(scene), scene.to_json())
 

@@ -38,7 +38,10 @@ CAPTION_EDGES = (0, 20, 40, 60, 80, 100, 150, 200, 300, 500, 1000)  # characters
 PSI_LIMIT = 0.25
 NOISE_QUANTILE = 0.999  # two samples of one distribution exceed the noise limit once in a thousand
 EXPECTATION = "expect_column_distribution_to_match_previous_version"
-MEASURES = {"aspect": ("aspect", ASPECT_EDGES), "caption_length": ("caption", CAPTION_EDGES)}  # measure -> (column it reads, bin edges)
+MEASURES = {
+    "aspect": ("aspect", ASPECT_EDGES),
+    "caption_length": ("caption", CAPTION_EDGES),
+}  # measure -> (column it reads, bin edges)
 
 
 def _aspects(table: pa.Table) -> np.ndarray | None:
@@ -89,11 +92,24 @@ def drift_outcomes(current: dict, previous: dict | None) -> list[ExpectationOutc
         if measure not in current:
             continue
         if previous is None or measure not in previous or not previous["rows"] or not current["rows"]:
-            out.append(ExpectationOutcome(EXPECTATION, column, True, f"{measure}: no previous version to compare with; this one is the reference"))
+            out.append(
+                ExpectationOutcome(
+                    EXPECTATION,
+                    column,
+                    True,
+                    f"{measure}: no previous version to compare with; this one is the reference",
+                )
+            )
             continue
         value, limit = psi(current[measure], previous[measure])
-        out.append(ExpectationOutcome(EXPECTATION, column, value <= limit,
-                                      f"{measure}: PSI {value:.3f} against the previous version ({previous['rows']} rows), limit {limit:.3f}"))
+        out.append(
+            ExpectationOutcome(
+                EXPECTATION,
+                column,
+                value <= limit,
+                f"{measure}: PSI {value:.3f} against the previous version ({previous['rows']} rows), limit {limit:.3f}",
+            )
+        )
     return out
 
 
@@ -122,6 +138,11 @@ def check_against_previous(folder: Path, table: pa.Table) -> list[ExpectationOut
         reference = current["profile"] if current else None
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"current": {"version": version, "profile": prof}, "previous": current}, indent=1, sort_keys=True) + "\n")
+        tmp.write_text(
+            json.dumps(
+                {"current": {"version": version, "profile": prof}, "previous": current}, indent=1, sort_keys=True
+            )
+            + "\n"
+        )
         tmp.replace(path)
     return drift_outcomes(prof, reference)

@@ -46,8 +46,12 @@ def embed_rows(table: pa.Table, embedder: Embedder, max_pixels: int, stage: str 
             rejects.add(id_, uri, Reason.EMBED_ERROR, None, f"{type(e).__name__}: {e}"[:200])
     vectors = embedder.embed(images)
     kept = table.take(pa.array(keep, pa.int64()))
-    kept = kept.append_column(pa.field("embedding", pa.binary(), nullable=False), to_column(vectors) if keep else pa.array([], pa.binary()))
-    kept = kept.append_column(pa.field("embedder", pa.string(), nullable=False), pa.array([embedder.name] * len(keep), pa.string()))
+    kept = kept.append_column(
+        pa.field("embedding", pa.binary(), nullable=False), to_column(vectors) if keep else pa.array([], pa.binary())
+    )
+    kept = kept.append_column(
+        pa.field("embedder", pa.string(), nullable=False), pa.array([embedder.name] * len(keep), pa.string())
+    )
     return StageOutput(kept, rejects.table())
 
 

@@ -23,14 +23,28 @@ from kiln.config import KilnConfig
 from kiln.reasons import Reason
 from kiln.stage_names import STAGE_MODULES
 
-__all__ = ["ExpectationOutcome", "SuiteResult", "SUITE_SCHEMAS", "run_suite", "suite_expectations", "validate_dataset", "validate_table"]
+__all__ = [
+    "ExpectationOutcome",
+    "SuiteResult",
+    "SUITE_SCHEMAS",
+    "run_suite",
+    "suite_expectations",
+    "validate_dataset",
+    "validate_table",
+]
 
 MANIFEST_ID = r"^[0-9a-f]{16}$"  # sha1 of the uri, 16 hex characters (kiln.schemas.ManifestRow)
 
 # The Arrow schema each suite's table has (user_prompts rows are checked by the prompt_pairs suite: they carry its columns).
 SUITE_SCHEMAS = {
-    "manifest": schemas.MANIFEST, "filtered": schemas.FILTERED, "deduped": schemas.DEDUPED, "embedded": schemas.EMBEDDED,
-    "clustered": schemas.CLUSTERED, "captioned": schemas.CAPTIONED, "train_set": schemas.TRAIN, "rejected": schemas.REJECTED,
+    "manifest": schemas.MANIFEST,
+    "filtered": schemas.FILTERED,
+    "deduped": schemas.DEDUPED,
+    "embedded": schemas.EMBEDDED,
+    "clustered": schemas.CLUSTERED,
+    "captioned": schemas.CAPTIONED,
+    "train_set": schemas.TRAIN,
+    "rejected": schemas.REJECTED,
     **caption_expectations.SUITE_SCHEMAS,
 }
 
@@ -48,7 +62,9 @@ def suite_expectations(dataset: str, cfg: KilnConfig) -> list:
         E.ExpectColumnValuesToBeBetween(column="bytes", min_value=1, max_value=cfg.data.ingest.max_bytes),
         E.ExpectColumnValuesToBeBetween(column="width", min_value=1),
         E.ExpectColumnValuesToBeBetween(column="height", min_value=1),
-        E.ExpectColumnValuesToBeBetween(column="exif_orientation", min_value=0, max_value=8),  # 0 = no tag, 1-8 the EXIF values
+        E.ExpectColumnValuesToBeBetween(
+            column="exif_orientation", min_value=0, max_value=8
+        ),  # 0 = no tag, 1-8 the EXIF values
         E.ExpectColumnValuesToBeBetween(column="n_frames", min_value=1),
     ]
     # the filter's own thresholds hold on every row it kept
@@ -57,8 +73,12 @@ def suite_expectations(dataset: str, cfg: KilnConfig) -> list:
         E.ExpectColumnValuesToBeBetween(column="width", min_value=f.min_side),
         E.ExpectColumnValuesToBeBetween(column="height", min_value=f.min_side),
         E.ExpectColumnValuesToBeBetween(column="aspect", min_value=1.0, max_value=f.max_aspect),
-        E.ExpectColumnValuesToBeBetween(column="laplacian_var", min_value=f.min_laplacian_var, max_value=f.max_laplacian_var),
-        E.ExpectColumnValuesToBeBetween(column="entropy", min_value=f.min_entropy, max_value=8),  # bits of 256-bin histograms
+        E.ExpectColumnValuesToBeBetween(
+            column="laplacian_var", min_value=f.min_laplacian_var, max_value=f.max_laplacian_var
+        ),
+        E.ExpectColumnValuesToBeBetween(
+            column="entropy", min_value=f.min_entropy, max_value=8
+        ),  # bits of 256-bin histograms
         E.ExpectColumnValuesToBeBetween(column="white_ratio", min_value=0, max_value=f.max_white_ratio),
         E.ExpectColumnValuesToBeBetween(column="black_ratio", min_value=0, max_value=f.max_black_ratio),
         E.ExpectColumnValuesToBeBetween(column="border_share", min_value=0, max_value=f.max_border_share),
@@ -95,11 +115,22 @@ def suite_expectations(dataset: str, cfg: KilnConfig) -> list:
     embedded = deduped + [E.ExpectColumnUniqueValueCountToBeBetween(column="embedder", min_value=1, max_value=1)]
     depth = len(cfg.data.clustering.levels)
     clustered = embedded + [
-        E.ExpectColumnValuesToMatchRegex(column="cluster_path", regex=r"^\d+" + r"\.\d+" * (depth - 1) + "$"),  # one label per level
+        E.ExpectColumnValuesToMatchRegex(
+            column="cluster_path", regex=r"^\d+" + r"\.\d+" * (depth - 1) + "$"
+        ),  # one label per level
         E.ExpectColumnValuesToBeBetween(column="leaf", min_value=0),
         E.ExpectColumnValuesToBeBetween(column="leaf_cosine", min_value=-1.001, max_value=1.001),
     ]
-    suites = {"embedded": embedded, "clustered": clustered, "manifest": manifest, "filtered": filtered, "deduped": deduped, "captioned": captioned, "train_set": train, "rejected": rejected}
+    suites = {
+        "embedded": embedded,
+        "clustered": clustered,
+        "manifest": manifest,
+        "filtered": filtered,
+        "deduped": deduped,
+        "captioned": captioned,
+        "train_set": train,
+        "rejected": rejected,
+    }
     if dataset in suites:
         return suites[dataset]
     return caption_expectations.expectations(dataset, cfg)

@@ -89,7 +89,13 @@ def read_failure(row: dict, data: bytes, f: FilterConfig) -> tuple[dict, Failure
     if real is not None and (failed := header_failure({**row, **real}, f)):
         reason, value, detail = failed
         said = {k: row[k] for k in HEADER_KEYS}
-        return real, (reason, value, detail if said == real else f"{detail} (the manifest said {said['format']} {said['width']}x{said['height']})")
+        return real, (
+            reason,
+            value,
+            detail
+            if said == real
+            else f"{detail} (the manifest said {said['format']} {said['width']}x{said['height']})",
+        )
     if changed := changed_since_ingest(row, data):
         return real or row, (Reason.CHANGED_SINCE_INGEST, float(len(data)), changed)
     if real is not None and any(real[k] != row[k] for k in HEADER_KEYS):

@@ -46,7 +46,12 @@ def quotas(parts: list[tuple[str, float]], size: int) -> dict[str, int]:
 def warehouse(pool: pa.Table, weights: pa.Table | None, seed: int) -> duckdb.DuckDBPyConnection:
     con = reproducible_connection()
     con.register("pool_rows", pool)
-    con.register("concept_weights", weights if weights is not None else pa.table({"id": pa.array([], pa.string()), "sampling_weight": pa.array([], pa.float64())}))
+    con.register(
+        "concept_weights",
+        weights
+        if weights is not None
+        else pa.table({"id": pa.array([], pa.string()), "sampling_weight": pa.array([], pa.float64())}),
+    )
     con.execute(f"""CREATE VIEW warehouse AS
         SELECT p.*, {SOURCE} AS source, md5('{seed}:' || p.id) AS h, coalesce(w.sampling_weight, 1.0) AS sampling_weight
         FROM pool_rows p LEFT JOIN (SELECT id, sampling_weight FROM concept_weights) w USING (id)""")
@@ -70,7 +75,7 @@ def midtrain_sql(cfg: MixConfig, q: dict[str, int]) -> str:
     return f"""WITH labelled AS (SELECT *, CASE {cases} END AS part FROM warehouse),
         ranked AS (SELECT *, row_number() OVER (PARTITION BY part ORDER BY h, id) AS k FROM labelled WHERE part IS NOT NULL)
         SELECT id, 'midtrain' AS mix, part, sampling_weight, CAST(row_number() OVER (ORDER BY h, id) - 1 AS BIGINT) AS "order"
-        FROM ranked WHERE {limits or 'false'} ORDER BY "order" """
+        FROM ranked WHERE {limits or "false"} ORDER BY "order" """
 
 
 def sft_sql(cfg: MixConfig) -> str:
@@ -97,21 +102,54 @@ def build_mixes(pool: pa.Table, cfg: MixConfig, weights: pa.Table | None = None)
     out = {}
     pre_sql = pretrain_sql(cfg)
     pre = _run(con, pre_sql)
-    out["pretrain"] = (pre, {"sql": pre_sql, "rows": pre.num_rows, "pool_rows": pool.num_rows, "built": "bottom-up", "proportions": realized(pre)})
+    out["pretrain"] = (
+        pre,
+        {
+            "sql": pre_sql,
+            "rows": pre.num_rows,
+            "pool_rows": pool.num_rows,
+            "built": "bottom-up",
+            "proportions": realized(pre),
+        },
+    )
     q = quotas([(p.name, p.share) for p in cfg.midtrain], cfg.midtrain_size)
     mid_sql = midtrain_sql(cfg, q)
     mid = _run(con, mid_sql)
     got = realized(mid)
-    props = {p.name: {"configured": p.share, "quota": q[p.name], "rows": got.get(p.name, {}).get("rows", 0),
-                      "share": got.get(p.name, {}).get("share", 0.0), "short": got.get(p.name, {}).get("rows", 0) < q[p.name]} for p in cfg.midtrain}
-    out["midtrain"] = (mid, {"sql": mid_sql, "rows": mid.num_rows, "size": cfg.midtrain_size, "built": "top-down", "proportions": props})
+    props = {
+        p.name: {
+            "configured": p.share,
+            "quota": q[p.name],
+            "rows": got.get(p.name, {}).get("rows", 0),
+            "share": got.get(p.name, {}).get("share", 0.0),
+            "short": got.get(p.name, {}).get("rows", 0) < q[p.name],
+        }
+        for p in cfg.midtrain
+    }
+    out["midtrain"] = (
+        mid,
+        {"sql": mid_sql, "rows": mid.num_rows, "size": cfg.midtrain_size, "built": "top-down", "proportions": props},
+    )
     s_sql = sft_sql(cfg)
     sft = _run(con, s_sql)
-    out["sft"] = (sft, {"sql": s_sql, "rows": sft.num_rows, "size": cfg.sft_size, "built": "curated", "proportions": realized(sft)})
+    out["sft"] = (
+        sft,
+        {"sql": s_sql, "rows": sft.num_rows, "size": cfg.sft_size, "built": "curated", "proportions": realized(sft)},
+    )
     for d in cfg.domains:  # a domain SFT rung's set (ladder.domains)
         d_sql = domain_sql(d)
         dom = _run(con, d_sql)
-        out[f"domain_{d.name}"] = (dom, {"sql": d_sql, "rows": dom.num_rows, "size": d.size, "built": "domain", "short": dom.num_rows < d.size, "proportions": realized(dom)})
+        out[f"domain_{d.name}"] = (
+            dom,
+            {
+                "sql": d_sql,
+                "rows": dom.num_rows,
+                "size": d.size,
+                "built": "domain",
+                "short": dom.num_rows < d.size,
+                "proportions": realized(dom),
+            },
+        )
     return out
 
 

@@ -32,46 +32,6 @@ from kiln.uri import read_bytes
 OCR_COLUMNS = arrow_schema(OCRRow)
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def union_area(boxes: list[TextBox], width: int, height: int) -> float:
     """Pixels covered by at least one box (overlaps counted once), on the image's own grid."""
     mask = np.zeros((height, width), dtype=bool)
@@ -95,7 +55,12 @@ def measure(boxes: list[TextBox], width: int, height: int, engine: str) -> dict:
     area = width * height
     return {
         "ocr_text": "\n".join(b.text for b in boxes),
-        "ocr_boxes": json.dumps([[round(b.x0, 1), round(b.y0, 1), round(b.x1, 1), round(b.y1, 1), b.text, round(b.confidence, 3)] for b in boxes]),
+        "ocr_boxes": json.dumps(
+            [
+                [round(b.x0, 1), round(b.y0, 1), round(b.x1, 1), round(b.y1, 1), b.text, round(b.confidence, 3)]
+                for b in boxes
+            ]
+        ),
         "ocr_engine": engine,
         "contains_text": bool(boxes),
         "text_area_share": union_area(boxes, width, height) / area if area else 0.0,
@@ -120,7 +85,9 @@ class TextGate:
         self.name = f"gate:rapidocr-det@{side}"
 
     def fires(self, image: Image.Image) -> bool:
-        result, _ = _rapidocr_gate(self.side)(np.asarray(image.convert("RGB")), use_det=True, use_cls=False, use_rec=False)
+        result, _ = _rapidocr_gate(self.side)(
+            np.asarray(image.convert("RGB")), use_det=True, use_cls=False, use_rec=False
+        )
         return bool(result)
 
 
@@ -132,7 +99,12 @@ def _rapidocr_gate(side: int):
 
 
 def ocr_rows(
-    table: pa.Table, engine: OCREngine, min_confidence: float, min_line_chars: int = 2, stage: str = "ocr", gate: TextGate | None = None
+    table: pa.Table,
+    engine: OCREngine,
+    min_confidence: float,
+    min_line_chars: int = 2,
+    stage: str = "ocr",
+    gate: TextGate | None = None,
 ) -> StageOutput:
     """Pure core of the OCR stage: OCR columns for every readable row; unreadable ones rejected.
 
@@ -160,7 +132,9 @@ def ocr_rows(
 
 def ocr_stage(table: pa.Table, cfg: KilnConfig) -> StageOutput:
     c = cfg.data.ocr
-    return ocr_rows(table, make_engine(c), c.min_confidence, c.min_line_chars, gate=TextGate(c.gate_side) if c.gate_side else None)
+    return ocr_rows(
+        table, make_engine(c), c.min_confidence, c.min_line_chars, gate=TextGate(c.gate_side) if c.gate_side else None
+    )
 
 
 # ------------------------------------------------------------------------------------------ filter
@@ -177,7 +151,13 @@ def text_filter_rows(table: pa.Table, cfg: OCRConfig, stage: str = "text_filter"
     for i, (id_, uri, has_text, h, w, hh) in enumerate(zip(*cols)):
         at = text_height_at(h, w, hh, cfg.filter_resolution) if has_text else math.inf
         if at < cfg.min_text_height:
-            rejects.add(id_, uri, Reason.TEXT_ILLEGIBLE, at, f"text {h:.1f} px high is {at:.1f} px at {cfg.filter_resolution}^2 px (min {cfg.min_text_height})")
+            rejects.add(
+                id_,
+                uri,
+                Reason.TEXT_ILLEGIBLE,
+                at,
+                f"text {h:.1f} px high is {at:.1f} px at {cfg.filter_resolution}^2 px (min {cfg.min_text_height})",
+            )
         else:
             keep.append(i)
     return StageOutput(table.take(pa.array(keep, pa.int64())), rejects.table())

@@ -84,7 +84,10 @@ def nearest_bucket(width: int, height: int, buckets: list[Bucket]) -> Bucket:
 def fit_to_bucket(im: Image.Image, bucket: Bucket) -> Image.Image:
     """Resize so the image just covers the bucket (shorter side fits), then crop the centre."""
     scale = max(bucket.width / im.width, bucket.height / im.height)
-    w, h = max(bucket.width, math.ceil(im.width * scale - 1e-6)), max(bucket.height, math.ceil(im.height * scale - 1e-6))
+    w, h = (
+        max(bucket.width, math.ceil(im.width * scale - 1e-6)),
+        max(bucket.height, math.ceil(im.height * scale - 1e-6)),
+    )
     im = im.resize((w, h), Image.Resampling.LANCZOS)
     left, top = (w - bucket.width) // 2, (h - bucket.height) // 2
     return im.crop((left, top, left + bucket.width, top + bucket.height))
@@ -96,7 +99,9 @@ def batch_plan(bucket_of_row: list[str], batch_size: int, seed: int) -> list[tup
     per_bucket: dict[str, list[int]] = {}
     for i in rng.permutation(len(bucket_of_row)).tolist():
         per_bucket.setdefault(bucket_of_row[i], []).append(i)
-    batches = [rows[k : k + batch_size] for _, rows in sorted(per_bucket.items()) for k in range(0, len(rows), batch_size)]
+    batches = [
+        rows[k : k + batch_size] for _, rows in sorted(per_bucket.items()) for k in range(0, len(rows), batch_size)
+    ]
     return [(i, b) for b, k in enumerate(rng.permutation(len(batches)).tolist()) for i in batches[k]]
 
 
@@ -130,9 +135,13 @@ def row_weights(ids: list[str], weights: dict[str, float], weights_file: str | N
         return [1.0] * len(ids)
     named = sum(i in weights for i in ids)
     if ids and not named:
-        raise ValueError(f"weights file {weights_file} names none of the {len(ids)} rows packed: weights of another pool?")
+        raise ValueError(
+            f"weights file {weights_file} names none of the {len(ids)} rows packed: weights of another pool?"
+        )
     if named < len(ids):
-        log.warning("pack: %d of %d rows are not in %s and get sampling weight 1", len(ids) - named, len(ids), weights_file)
+        log.warning(
+            "pack: %d of %d rows are not in %s and get sampling weight 1", len(ids) - named, len(ids), weights_file
+        )
     return [float(weights.get(i, 1.0)) for i in ids]
 
 
@@ -169,7 +178,17 @@ def pack_rows(table: pa.Table, cfg: KilnConfig, stage: str = "pack") -> StageOut
     for order, (k, batch) in enumerate(plan):
         i, bucket, pixels = packed[k]
         text = {"id": ids[i], "caption": captions[i], "caption_forms": forms[i], "sampling_weight": weights[k]}
-        rows.append(text | {"bucket": bucket.name, "height": bucket.height, "width": bucket.width, "pixels": pixels, "batch": batch, "order": order})
+        rows.append(
+            text
+            | {
+                "bucket": bucket.name,
+                "height": bucket.height,
+                "width": bucket.width,
+                "pixels": pixels,
+                "batch": batch,
+                "order": order,
+            }
+        )
     return StageOutput(pa.Table.from_pylist(rows, schema=TRAIN), rejects.table())
 
 

@@ -38,16 +38,6 @@ class Rewriter(Protocol):
     def rewrite(self, captions: list[str], ocr_texts: list[str]) -> list[Forms]: ...
 
 
-
-
-
-
-
-
-
-
-
-
 class RuleRewriter:
     name = "rules:clauses"
 
@@ -66,8 +56,6 @@ INSTRUCTIONS = {
     "tags": "List the things in the image caption as comma-separated tags.\nCaption: {caption}\nTags:",
     "json": 'Describe the image caption as a JSON object with keys "subject", "details", "text".\nCaption: {caption}\nJSON:',
 }
-
-
 
 
 def parse_json_object(text: str) -> str | None:
@@ -98,7 +86,10 @@ class LLMRewriter:
             seed_everything(self.settings.seed + start)
             with torch.no_grad():
                 ids = self.model.generate(**enc, **self.settings.kwargs(), pad_token_id=self.tokenizer.pad_token_id)
-            out += [t.strip() for t in self.tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)]
+            out += [
+                t.strip()
+                for t in self.tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+            ]
         return out
 
     def rewrite(self, captions: list[str], ocr_texts: list[str]) -> list[Forms]:
@@ -108,7 +99,10 @@ class LLMRewriter:
             short, medium, tags = answers["short"][i], answers["medium"][i], answers["tags"][i]
             js, origin = parse_json_object(answers["json"][i]), "generated"
             if js is None:  # recorded per row in rewrite_decoding
-                js, origin = compose_json(c.strip(), short, [t.strip() for t in tags.split(",") if t.strip()], o), "composed"
+                js, origin = (
+                    compose_json(c.strip(), short, [t.strip() for t in tags.split(",") if t.strip()], o),
+                    "composed",
+                )
             forms.append(Forms(short, medium, c.strip(), tags, js, origin))
         return forms
 
@@ -136,19 +130,30 @@ def rewrite_rows(table: pa.Table, rewriter: Rewriter, cfg: RewriteConfig, stage:
     captions, ocr = table.column("caption").to_pylist(), table.column("ocr_text").to_pylist()
     all_forms = rewriter.rewrite(captions, ocr)
     rejects, keep = Rejects(stage), []
-    for i, (id_, uri, forms) in enumerate(zip(table.column("id").to_pylist(), table.column("uri").to_pylist(), all_forms)):
+    for i, (id_, uri, forms) in enumerate(
+        zip(table.column("id").to_pylist(), table.column("uri").to_pylist(), all_forms)
+    ):
         bad = length_problem(forms, cfg.lengths)
         if bad:
             form, n, (lo, hi) = bad
-            rejects.add(id_, uri, Reason.CAPTION_LENGTH, float(n), f"{form} form has {n} characters, allowed {lo}..{hi}")
+            rejects.add(
+                id_, uri, Reason.CAPTION_LENGTH, float(n), f"{form} form has {n} characters, allowed {lo}..{hi}"
+            )
         else:
             keep.append(i)
     kept = table.take(pa.array(keep, pa.int64()))
     for form in FORMS:
-        kept = kept.append_column(pa.field(f"caption_{form}", pa.string(), nullable=False), pa.array([getattr(all_forms[i], form) for i in keep], pa.string()))
-    kept = kept.append_column(pa.field("rewrite_source", pa.string(), nullable=False), pa.array([rewriter.name] * len(keep), pa.string()))
+        kept = kept.append_column(
+            pa.field(f"caption_{form}", pa.string(), nullable=False),
+            pa.array([getattr(all_forms[i], form) for i in keep], pa.string()),
+        )
+    kept = kept.append_column(
+        pa.field("rewrite_source", pa.string(), nullable=False), pa.array([rewriter.name] * len(keep), pa.string())
+    )
     decoding = [json.dumps(rewriter.decoding | {"json": all_forms[i].json_origin}, sort_keys=True) for i in keep]
-    kept = kept.append_column(pa.field("rewrite_decoding", pa.string(), nullable=False), pa.array(decoding, pa.string()))
+    kept = kept.append_column(
+        pa.field("rewrite_decoding", pa.string(), nullable=False), pa.array(decoding, pa.string())
+    )
     return StageOutput(kept, rejects.table())
 
 

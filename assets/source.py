@@ -66,14 +66,31 @@ LISTING = pa.schema(
         pa.field("source_meta", pa.string()),  # JSON object of any other column the source carried
         pa.field("root", pa.string()),  # the folder or prefix the uri was listed from: ingest refuses a uri outside it
         pa.field("symlink", pa.string()),  # the symlink the walk followed to reach this uri, if any
-        pa.field("problem", pa.string()),  # a reject reason the lister already knows (kiln.reasons); None for a file to read
+        pa.field(
+            "problem", pa.string()
+        ),  # a reject reason the lister already knows (kiln.reasons); None for a file to read
         pa.field("problem_detail", pa.string()),
     ],
     metadata={b"kiln.listing": b"1"},
 )
 CARRIED = ["source_caption", "license", "source_name", "source_meta"]
 TEXT_MEMBER_MAX = 16 * 2**20  # a caption or .json member larger than this is not read (the image row stays)
-IMAGE_EXTENSIONS = {"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff", "ppm", "pgm", "tga", "jp2", "avif", "mpo"}
+IMAGE_EXTENSIONS = {
+    "jpg",
+    "jpeg",
+    "png",
+    "webp",
+    "gif",
+    "bmp",
+    "tif",
+    "tiff",
+    "ppm",
+    "pgm",
+    "tga",
+    "jp2",
+    "avif",
+    "mpo",
+}
 CAPTION_EXTENSIONS = ("txt", "caption")
 COLUMN_ALIASES = {"caption": "source_caption", "text": "source_caption", "license": "license", "source": "source_name"}
 
@@ -169,7 +186,9 @@ def _carried_from_json(text: str) -> dict:
     return out
 
 
-def list_tar(tar_path: str, version: str | None = None, root: str | None = None, symlink: str | None = None) -> list[dict]:
+def list_tar(
+    tar_path: str, version: str | None = None, root: str | None = None, symlink: str | None = None
+) -> list[dict]:
     """A shard's samples: each image member a row carrying its sample's caption and metadata members.
 
     A member that belongs to no image (a stray file, a sample without an image), a member that is no regular file
@@ -184,7 +203,15 @@ def list_tar(tar_path: str, version: str | None = None, root: str | None = None,
     except RemoteError:
         raise  # the store did not answer: the source cannot be listed
     except (tarfile.TarError, OSError, EOFError) as e:
-        return [_row(tar_path, version=version, **where, problem=Reason.UNREADABLE, detail=f"not a readable tar shard: {detail_of(e)}")]
+        return [
+            _row(
+                tar_path,
+                version=version,
+                **where,
+                problem=Reason.UNREADABLE,
+                detail=f"not a readable tar shard: {detail_of(e)}",
+            )
+        ]
     members = [m for m, e in entries.items() if e.kind == "file" and _is_utf8(m)]
     by_key: dict[str, dict[str, str]] = {}
     for m in members:
@@ -193,10 +220,24 @@ def list_tar(tar_path: str, version: str | None = None, root: str | None = None,
     rows = []
     for m, entry in entries.items():
         if not _is_utf8(m):
-            rows.append(_row(tar_uri(tar_path, _shown(m)), **where, problem=Reason.BAD_URI, detail="the member's name is not UTF-8"))
+            rows.append(
+                _row(
+                    tar_uri(tar_path, _shown(m)),
+                    **where,
+                    problem=Reason.BAD_URI,
+                    detail="the member's name is not UTF-8",
+                )
+            )
             continue
         if entry.kind != "file":
-            rows.append(_row(tar_uri(tar_path, m), **where, problem=Reason.NOT_A_FILE, detail=f"a tar {entry.kind}, not a regular member"))
+            rows.append(
+                _row(
+                    tar_uri(tar_path, m),
+                    **where,
+                    problem=Reason.NOT_A_FILE,
+                    detail=f"a tar {entry.kind}, not a regular member",
+                )
+            )
             continue
         key, ext = _sample_key(m)
         sample = by_key[key]
@@ -261,7 +302,14 @@ def _read_text_list(uri: str) -> list[dict]:
             rows.append(_entry(raw.decode("utf-8"), f"{uri} [line {n}]", root))
         except UnicodeDecodeError:
             shown = raw.decode("utf-8", "backslashreplace")
-            rows.append(_row(f"{uri} [line {n}]", root=root, problem=Reason.BAD_URI, detail=f"line {n} is not UTF-8: {shown[:200]}"))
+            rows.append(
+                _row(
+                    f"{uri} [line {n}]",
+                    root=root,
+                    problem=Reason.BAD_URI,
+                    detail=f"line {n} is not UTF-8: {shown[:200]}",
+                )
+            )
     return rows
 
 
@@ -329,20 +377,35 @@ def _walk_local(folder: str, symlinks: str = "follow") -> list[dict]:
         for entry in entries:
             r = f"{rel}/{entry.name}" if rel else entry.name
             if not _is_utf8(r):
-                add(_shown(r), symlink=via, problem=Reason.BAD_URI, detail="the name is not UTF-8: no uri can name it; rename it")
+                add(
+                    _shown(r),
+                    symlink=via,
+                    problem=Reason.BAD_URI,
+                    detail="the name is not UTF-8: no uri can name it; rename it",
+                )
                 continue
             link = via
             try:
                 if entry.is_symlink():
                     target = os.readlink(entry.path)
                     if symlinks == "refuse":
-                        add(r, symlink=_join(root, r), problem=Reason.SYMLINK, detail=f"a symlink to {target} (data.ingest.symlinks=refuse)")
+                        add(
+                            r,
+                            symlink=_join(root, r),
+                            problem=Reason.SYMLINK,
+                            detail=f"a symlink to {target} (data.ingest.symlinks=refuse)",
+                        )
                         continue
                     link = via or _join(root, r)
                     try:
                         st = os.stat(entry.path)
                     except OSError as e:
-                        add(r, symlink=link, problem=Reason.UNREADABLE, detail=f"a broken symlink to {target}: {detail_of(e)}")
+                        add(
+                            r,
+                            symlink=link,
+                            problem=Reason.UNREADABLE,
+                            detail=f"a broken symlink to {target}: {detail_of(e)}",
+                        )
                         continue
                 else:
                     st = entry.stat(follow_symlinks=False)
@@ -352,7 +415,12 @@ def _walk_local(folder: str, symlinks: str = "follow") -> list[dict]:
             if stat.S_ISDIR(st.st_mode):
                 key = (st.st_dev, st.st_ino)
                 if key in ancestors:
-                    add(r, symlink=link, problem=Reason.SYMLINK, detail="a symlink loop: it leads back into a folder above it")
+                    add(
+                        r,
+                        symlink=link,
+                        problem=Reason.SYMLINK,
+                        detail="a symlink loop: it leads back into a folder above it",
+                    )
                 else:
                     visit(entry.path, r, link, ancestors | {key})
             elif stat.S_ISREG(st.st_mode):
@@ -399,7 +467,9 @@ def _list_one(uri: str, symlinks: str = "follow") -> list[dict]:
             raise SourceError(f"source {uri}: no such file or folder")
         st = os.stat(p)
         if not stat.S_ISREG(st.st_mode):
-            return [_row(uri, root=uri, problem=Reason.NOT_A_FILE, detail=f"a {file_kind(st.st_mode)}, not a regular file")]
+            return [
+                _row(uri, root=uri, problem=Reason.NOT_A_FILE, detail=f"a {file_kind(st.st_mode)}, not a regular file")
+            ]
         size, version = st.st_size, str(st.st_mtime_ns)
     else:
         if _remote_kind(uri) == "dir":
@@ -482,7 +552,14 @@ def is_listing(table_or_schema: pa.Table | pa.Schema) -> bool:
 def listing_version(listing: pa.Table) -> str:
     """The source's data version: sha256 over the sorted (uri, size, version) rows."""
     h = hashlib.sha256()
-    rows = sorted(zip(listing.column("uri").to_pylist(), listing.column("size").to_pylist(), listing.column("version").to_pylist(), strict=True))
+    rows = sorted(
+        zip(
+            listing.column("uri").to_pylist(),
+            listing.column("size").to_pylist(),
+            listing.column("version").to_pylist(),
+            strict=True,
+        )
+    )
     for uri, size, version in rows:
         h.update(f"{uri}\t{size}\t{version}\n".encode())
     return h.hexdigest()
@@ -494,7 +571,9 @@ def demo_folder(raw: Path, cfg) -> str:
     from assets.demo_corpus import demo_stamp, write_demo_corpus
 
     demo, stamp = cfg.data.demo, raw / "demo.json"
-    if not (stamp.is_file() and stamp.read_text() == demo_stamp(demo.n, demo.seed, demo.size) and (raw / "images").is_dir()):
+    if not (
+        stamp.is_file() and stamp.read_text() == demo_stamp(demo.n, demo.seed, demo.size) and (raw / "images").is_dir()
+    ):
         write_demo_corpus(raw, n=demo.n, seed=demo.seed, size=demo.size)
     return (raw / "images").as_posix()
 
@@ -518,7 +597,9 @@ def write_listing(cfg, out: Path, raw: Path) -> dict:
         "unknown_sizes": listing.num_rows - len(sizes),
         "with_source_caption": listing.num_rows - listing.column("source_caption").null_count,
         "version": listing_version(listing),
-        "problems": dict(sorted(Counter(p for p in listing.column("problem").to_pylist() if p).items())),  # rejected at ingest
+        "problems": dict(
+            sorted(Counter(p for p in listing.column("problem").to_pylist() if p).items())
+        ),  # rejected at ingest
     }
     out.mkdir(parents=True, exist_ok=True)
     write_table(listing, out / "listing.parquet")

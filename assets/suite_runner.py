@@ -52,11 +52,17 @@ def run_suite(table: pa.Table, dataset: str, expectations: list) -> SuiteResult:
     ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
     batch = ctx.data_sources.add_pandas("kiln").add_dataframe_asset(dataset).add_batch_definition_whole_dataframe("all")
     suite = ctx.suites.add(gx.ExpectationSuite(name=dataset, expectations=expectations))
-    res = ctx.validation_definitions.add(gx.ValidationDefinition(name=dataset, data=batch, suite=suite)).run(batch_parameters={"dataframe": df})
+    res = ctx.validation_definitions.add(gx.ValidationDefinition(name=dataset, data=batch, suite=suite)).run(
+        batch_parameters={"dataframe": df}
+    )
     outcomes = []
     for r in res.results:
         conf = r.expectation_config
         observed = r.result.get("unexpected_percent", r.result.get("observed_value", ""))
-        column = conf.kwargs.get("column") or ",".join(c for c in (conf.kwargs.get("column_A"), conf.kwargs.get("column_B")) if c) or None
+        column = (
+            conf.kwargs.get("column")
+            or ",".join(c for c in (conf.kwargs.get("column_A"), conf.kwargs.get("column_B")) if c)
+            or None
+        )
         outcomes.append(ExpectationOutcome(conf.type, column, bool(r.success), str(observed)))
     return SuiteResult(dataset, bool(res.success), outcomes)

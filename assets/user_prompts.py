@@ -38,10 +38,6 @@ PHOTOGRAPHIC = re.compile(
 )
 
 
-
-
-
-
 def sampling_weight(target: str, cfg: UserPromptConfig) -> float:
     """Oversample visually rich captions, and add a light bias for photographic ones."""
     richness = min(len(tag_list(target)), cfg.richness_cap) / cfg.richness_cap
@@ -67,10 +63,6 @@ class PromptWriter(Protocol):
         dropped: list[list[str]],
         seeds: list[int],
     ) -> list[Written]: ...
-
-
-
-
 
 
 def rule_thinking(prompt: str, dropped: list[str]) -> str:
@@ -101,13 +93,13 @@ INSTRUCTIONS = {
     "conversational": "Rewrite this image request as a casual message a person might send, keeping every detail.\nRequest: {prompt}\nMessage:",
     "instruction": "Rewrite this image request as a short instruction to an image generator, keeping every detail.\nRequest: {prompt}\nInstruction:",
 }
-THINKING = "Request: {prompt}\nFull caption: {target}\nBriefly, which details does the caption add to the request?\nAnswer:"
+THINKING = (
+    "Request: {prompt}\nFull caption: {target}\nBriefly, which details does the caption add to the request?\nAnswer:"
+)
 
 
 def first_line(text: str) -> str:
-    return next(
-        (line.strip() for line in text.strip().splitlines() if line.strip()), ""
-    )
+    return next((line.strip() for line in text.strip().splitlines() if line.strip()), "")
 
 
 class LLMPromptWriter:
@@ -122,11 +114,7 @@ class LLMPromptWriter:
         self.settings = {
             "max_new_tokens": cfg.max_new_tokens,
             "do_sample": cfg.do_sample,
-        } | (
-            {"temperature": cfg.temperature, "top_p": cfg.top_p}
-            if cfg.do_sample
-            else {}
-        )
+        } | ({"temperature": cfg.temperature, "top_p": cfg.top_p} if cfg.do_sample else {})
 
     def generate(self, texts: list[str], seed: int) -> list[str]:
         import torch
@@ -139,11 +127,7 @@ class LLMPromptWriter:
                 padding=True,
             )
             torch.manual_seed(seed + start)
-            greedy = (
-                {}
-                if self.cfg.do_sample
-                else {"temperature": None, "top_p": None, "top_k": None}
-            )
+            greedy = {} if self.cfg.do_sample else {"temperature": None, "top_p": None, "top_k": None}
             with torch.no_grad():
                 ids = self.model.generate(
                     **enc,
@@ -153,9 +137,7 @@ class LLMPromptWriter:
                 )
             out += [
                 first_line(t)
-                for t in self.tokenizer.batch_decode(
-                    ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True
-                )
+                for t in self.tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
             ]
         return out
 
@@ -166,9 +148,7 @@ class LLMPromptWriter:
             idx = [i for i, s in enumerate(styles) if s == style]
             for i, a in zip(
                 idx,
-                self.generate(
-                    [INSTRUCTIONS[style].format(prompt=prompts[i]) for i in idx], seed
-                ),
+                self.generate([INSTRUCTIONS[style].format(prompt=prompts[i]) for i in idx], seed),
             ):
                 answers[i] = a
         traces = (
@@ -201,9 +181,7 @@ def make_writer(cfg: KilnConfig) -> PromptWriter:
     if (up.writer or rw.rewriter) == "llm":
         path = up.llm_path or rw.llm_path
         if not path:
-            raise ValueError(
-                "data.user_prompts.writer=llm needs data.user_prompts.llm_path (or data.rewrite.llm_path)"
-            )
+            raise ValueError("data.user_prompts.writer=llm needs data.user_prompts.llm_path (or data.rewrite.llm_path)")
         return LLMPromptWriter(path, up)
     return RulePromptWriter(up.thinking)
 
@@ -220,9 +198,7 @@ class Attempt:
     seed: int
 
 
-def attempt(
-    j: int, row: int, id_: str, pair: str, target: str, dropped: list[str], cfg: UserPromptConfig
-) -> Attempt:
+def attempt(j: int, row: int, id_: str, pair: str, target: str, dropped: list[str], cfg: UserPromptConfig) -> Attempt:
     """Attempt j of a row: j=0 the pair's prompt in the row's style (as with one prompt per pair); j>0 the
     caption with its own drop (`variant_drop`, seeded by (seed, id, j)) in its own drawn style."""
     key = id_ if j == 0 else f"{id_}:{j}"
@@ -249,9 +225,7 @@ def user_prompt_rows(
     column), each in a drawn style. A row gets `per_pair` attempts, then 3 more per prompt still missing
     (an empty or repeated one; none with per_pair=1); it is kept with the distinct prompts it got (at least
     one) and rejected (`no_prompt`) when the writer left every attempt empty."""
-    ids, prompts, targets, dropped_json = (
-        table.column(c).to_pylist() for c in ("id", "prompt", "target", "dropped")
-    )
+    ids, prompts, targets, dropped_json = (table.column(c).to_pylist() for c in ("id", "prompt", "target", "dropped"))
     dropped = [json.loads(d) for d in dropped_json]
     k = cfg.per_pair
     got: list[list[tuple[Attempt, Written, str]]] = [[] for _ in ids]

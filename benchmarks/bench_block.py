@@ -128,8 +128,16 @@ def main() -> None:
         "bench": "block_fwd_bwd",
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu x{torch.get_num_threads()} threads",
         "dtype": str(dtype).removeprefix("torch."),
-        "width": w, "heads": a.heads, "kiln_kv_heads": kv, "mlp_hidden": mlp, "tokens": s, "batch": b,
-        "params": {"kiln": sum(p.numel() for p in kiln.parameters()), "flux2": sum(p.numel() for p in flux.parameters())},
+        "width": w,
+        "heads": a.heads,
+        "kiln_kv_heads": kv,
+        "mlp_hidden": mlp,
+        "tokens": s,
+        "batch": b,
+        "params": {
+            "kiln": sum(p.numel() for p in kiln.parameters()),
+            "flux2": sum(p.numel() for p in flux.parameters()),
+        },
     }
     peak = a.peak_tflops
     if dev.type == "cuda" and peak is None:

@@ -70,7 +70,9 @@ def imagehash_pair(im: Image.Image) -> None:
 
 
 METHODS = {
-    "kiln_measure": lambda item, f: measure(item["data"], item["width"], item["height"], 0, f.decode_size, f.stats_size),
+    "kiln_measure": lambda item, f: measure(
+        item["data"], item["width"], item["height"], 0, f.decode_size, f.stats_size
+    ),
     "kiln_row": lambda item, f: filter_row(item["row"], f),
     "imagehash_full": lambda item, f: imagehash_pair(Image.open(io.BytesIO(item["data"]))),
     "imagehash_draft": lambda item, f: imagehash_pair(reduced_decode(item["data"], f)),
@@ -85,8 +87,16 @@ def corpus(n: int, width: int, height: int, folder: Path) -> list[dict]:
         data = photo_like(i, width, height)
         path = folder / f"{width}x{height}_{i}.jpg"
         path.write_bytes(data)
-        row = {"id": path.stem, "uri": str(path), "format": "JPEG", "width": width, "height": height, "bytes": len(data),
-               "md5": hashlib.md5(data).hexdigest(), "exif_orientation": 0}
+        row = {
+            "id": path.stem,
+            "uri": str(path),
+            "format": "JPEG",
+            "width": width,
+            "height": height,
+            "bytes": len(data),
+            "md5": hashlib.md5(data).hexdigest(),
+            "exif_orientation": 0,
+        }
         items.append({"data": data, "width": width, "height": height, "row": row})
     return items
 
@@ -105,7 +115,7 @@ def bench_size(items: list[dict], rounds: int, f: FilterConfig) -> dict:
         pass_seconds(name, items[:1], f)
     seconds: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:  # rotate the order every round
+        for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate the order every round
             seconds[name].append(pass_seconds(name, items, f))
     rate = {name: len(items) / statistics.median(s) for name, s in seconds.items()}
     out: dict[str, float] = {f"{name}_img_per_s": round(v, 1) for name, v in rate.items()}
@@ -122,8 +132,14 @@ def main() -> None:
     p.add_argument("--sizes", nargs="+", default=["1024x768", "3000x2000", "256x256"])
     a = p.parse_args()
     f = FilterConfig()
-    out: dict = {"bench": "decode", "images": a.images, "rounds": a.rounds, "timer": "process CPU time, median of rounds",
-                 "decode_size": f.decode_size, "stats_size": f.stats_size}
+    out: dict = {
+        "bench": "decode",
+        "images": a.images,
+        "rounds": a.rounds,
+        "timer": "process CPU time, median of rounds",
+        "decode_size": f.decode_size,
+        "stats_size": f.stats_size,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for size in a.sizes:
             w, h = (int(v) for v in size.split("x"))

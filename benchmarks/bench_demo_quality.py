@@ -29,7 +29,9 @@ NOISE_SEED = 99  # the images' noise (the evaluation uses train.eval.seed)
 ATTRIBUTES = ("background", "color", "position", "count", "shape", "all")
 
 
-def score_checkpoint(checkpoint: Path, overrides: list[str], n: int, steps: int, cfg_scale: float, shift: float | None) -> dict:
+def score_checkpoint(
+    checkpoint: Path, overrides: list[str], n: int, steps: int, cfg_scale: float, shift: float | None
+) -> dict:
     """Prompt following of `checkpoint` on the demo and held-out prompts, as {set: {attribute: accuracy}}."""
     import torch
 
@@ -76,9 +78,19 @@ def _sampler(text: str) -> tuple[int, float, float | None]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, help="a pack output to train the variants on")
-    ap.add_argument("--variant", action="append", default=[], type=_variant, help="NAME=override override ... (space-separated)")
-    ap.add_argument("--checkpoint", action="append", default=[], help="NAME=FOLDER: score a trained checkpoint as a variant")
-    ap.add_argument("--sampler", action="append", default=[], type=_sampler, help="STEPS,CFG[,SHIFT]; default: train.eval.steps and train.sample.cfg_scale")
+    ap.add_argument(
+        "--variant", action="append", default=[], type=_variant, help="NAME=override override ... (space-separated)"
+    )
+    ap.add_argument(
+        "--checkpoint", action="append", default=[], help="NAME=FOLDER: score a trained checkpoint as a variant"
+    )
+    ap.add_argument(
+        "--sampler",
+        action="append",
+        default=[],
+        type=_sampler,
+        help="STEPS,CFG[,SHIFT]; default: train.eval.steps and train.sample.cfg_scale",
+    )
     ap.add_argument("--n", type=int, default=6, help="images per prompt")
     ap.add_argument("--out", type=Path, default=Path("data/bench_demo_quality"))
     ap.add_argument("overrides", nargs="*", help="overrides shared by every variant (e.g. train.threads=1)")
@@ -99,7 +111,9 @@ def main() -> None:
         name, _, folder = item.partition("=")
         runs.append((name, Path(folder), None, args.overrides))
 
-    print("| variant | steps | train s | sampler | " + " | ".join(f"held-out {a}" for a in ATTRIBUTES) + " | demo all |")
+    print(
+        "| variant | steps | train s | sampler | " + " | ".join(f"held-out {a}" for a in ATTRIBUTES) + " | demo all |"
+    )
     print("|---|---|---|---|" + "---|" * (len(ATTRIBUTES) + 1))
     for name, folder, seconds, overrides in runs:
         steps_trained = json.loads((folder / "train_state.json").read_text()).get("step")
@@ -108,8 +122,26 @@ def main() -> None:
             held = r["held_out"]
             sampler = f"{steps} steps, cfg {cfg_scale:g}, shift {r['shift']:g}"
             train_s = "-" if seconds is None else f"{seconds:.0f}"
-            print(f"| {name} | {steps_trained} | {train_s} | {sampler} | " + " | ".join(f"{held.get(a, float('nan')):.2f}" for a in ATTRIBUTES) + f" | {r['demo']['all']:.2f} |", flush=True)
-            print(json.dumps({"variant": name, "overrides": overrides, "train_steps": steps_trained, "train_s": seconds, "steps": steps, "cfg": cfg_scale, **r}), flush=True)
+            print(
+                f"| {name} | {steps_trained} | {train_s} | {sampler} | "
+                + " | ".join(f"{held.get(a, float('nan')):.2f}" for a in ATTRIBUTES)
+                + f" | {r['demo']['all']:.2f} |",
+                flush=True,
+            )
+            print(
+                json.dumps(
+                    {
+                        "variant": name,
+                        "overrides": overrides,
+                        "train_steps": steps_trained,
+                        "train_s": seconds,
+                        "steps": steps,
+                        "cfg": cfg_scale,
+                        **r,
+                    }
+                ),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

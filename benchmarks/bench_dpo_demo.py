@@ -29,7 +29,17 @@ def win_rate(policy_ckpt: Path, reference_ckpt: Path, cfg, prompts, n: int, seed
     for name, ckpt in (("policy", policy_ckpt), ("reference", reference_ckpt)):
         gen = Generator.from_pretrained(ckpt)
         h, w = checkpoint_resolution(ckpt, cfg)
-        images = generate(gen, [p.prompt for p in prompts], n, h, w, cfg.train.sample.steps, cfg.train.sample.cfg_scale, seed, sampling_shift(gen, h, w, cfg.train))
+        images = generate(
+            gen,
+            [p.prompt for p in prompts],
+            n,
+            h,
+            w,
+            cfg.train.sample.steps,
+            cfg.train.sample.cfg_scale,
+            seed,
+            sampling_shift(gen, h, w, cfg.train),
+        )
         scores[name] = np.stack([mix.score(p, ims)[0] for p, ims in zip(prompts, images, strict=True)])
     a, b = scores["policy"], scores["reference"]
     return {"wins": round(float((a > b).mean()), 4), "ties": round(float((a == b).mean()), 4), "losses": round(float((a < b).mean()), 4),
@@ -61,7 +71,9 @@ def main() -> None:
     report: dict = {"checkpoint": str(ckpt), "pairs": make_pairs(ckpt, out / "pairs", cfg)}
     good = dpo(ckpt, out / "pairs", out / "dpo", cfg)
     curves(good / "dpo_history.jsonl", out / "likelihoods.png")
-    held = demo_rl_prompts(256, cfg.post.seed)[-args.eval_prompts :]  # the same list as the pairs, past the prompts they used
+    held = demo_rl_prompts(256, cfg.post.seed)[
+        -args.eval_prompts :
+    ]  # the same list as the pairs, past the prompts they used
     report["win_rate"] = win_rate(good, ckpt, cfg, held, 2, 4321)
     report["guard_fired_at"] = json.loads((good / "dpo.json").read_text())["guard_fired_at"]
     bad_cfg = load_config([*args.overrides, "post.dpo_beta=0.01", "post.dpo_lr=0.01", "post.guard_patience=10"])

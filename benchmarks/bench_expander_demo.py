@@ -42,9 +42,7 @@ def main() -> None:
         help="an SFT expander folder to start RL from (default: train one)",
     )
     ap.add_argument("--rl-iterations", type=int, default=10)
-    ap.add_argument(
-        "--images", type=int, default=2, help="images per held-out prompt and form"
-    )
+    ap.add_argument("--images", type=int, default=2, help="images per held-out prompt and form")
     ap.add_argument(
         "--group",
         type=int,
@@ -80,9 +78,7 @@ def main() -> None:
         "threads": args.threads,
     }
     for name, folder in (("sft", sft), ("rl", rl)):
-        r = evaluate_expander(
-            folder, checkpoint, cfg, n_images=args.images, group=args.group
-        )
+        r = evaluate_expander(folder, checkpoint, cfg, n_images=args.images, group=args.group)
         report[name] = {k: v for k, v in r.items() if k != "examples"}
         report[f"{name}_examples"] = r["examples"]
     print(json.dumps(report, sort_keys=True))

@@ -30,7 +30,17 @@ def following(checkpoint: Path, cfg, n: int, seed: int, cfg_scale: float) -> dic
     gen = Generator.from_pretrained(checkpoint)
     h, w = checkpoint_resolution(checkpoint, cfg)
     specs = demo_prompts()
-    images = generate(gen, [s.prompt for s in specs], n, h, w, cfg.train.eval.steps, cfg_scale, seed, sampling_shift(gen, h, w, cfg.train))
+    images = generate(
+        gen,
+        [s.prompt for s in specs],
+        n,
+        h,
+        w,
+        cfg.train.eval.steps,
+        cfg_scale,
+        seed,
+        sampling_shift(gen, h, w, cfg.train),
+    )
     acc = accuracy(images, expected_from_specs(specs))
     acc["mean"] = round(float(np.mean([v for k, v in acc.items() if k != "all"])), 4)
     return acc
@@ -46,7 +56,10 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--eval-n", type=int, default=8, help="images per evaluation prompt")
     ap.add_argument("--eval-seed", type=int, default=1234)
-    ap.add_argument("--keep", help="keep each seed's run (checkpoint, grpo_history.jsonl) under KEEP/seed<N> instead of a temporary folder")
+    ap.add_argument(
+        "--keep",
+        help="keep each seed's run (checkpoint, grpo_history.jsonl) under KEEP/seed<N> instead of a temporary folder",
+    )
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     ckpt = Path(args.checkpoint)
@@ -63,7 +76,12 @@ def main() -> None:
             for name, scale in (("cfg", cfg.train.sample.cfg_scale), ("no_cfg", 1.0)):
                 before = following(ckpt, cfg, args.eval_n, args.eval_seed, scale)
                 after = following(out, cfg, args.eval_n, args.eval_seed, scale)
-                run[name] = {"before": before, "after": after, "gain_mean": round(after["mean"] - before["mean"], 4), "gain_all": round(after["all"] - before["all"], 4)}
+                run[name] = {
+                    "before": before,
+                    "after": after,
+                    "gain_mean": round(after["mean"] - before["mean"], 4),
+                    "gain_all": round(after["all"] - before["all"], 4),
+                }
         results["runs"].append(run)
         print(json.dumps(run), flush=True)
     print(json.dumps(results))

@@ -45,7 +45,7 @@ def data(n: int, dim: int, seed: int = 0) -> np.ndarray:
 def quality(x: np.ndarray, centroids: np.ndarray) -> dict:
     c = np.asarray(centroids, np.float32)
     c = c / np.maximum(np.linalg.norm(c, axis=1, keepdims=True), 1e-12)
-    best = np.concatenate([(x[a:a + 8192] @ c.T).max(axis=1) for a in range(0, len(x), 8192)])
+    best = np.concatenate([(x[a : a + 8192] @ c.T).max(axis=1) for a in range(0, len(x), 8192)])
     return {"mean_cosine": float(best.mean()), "inertia_unit": float((2.0 - 2.0 * best).sum())}
 
 
@@ -71,7 +71,14 @@ def one(method: str, a: argparse.Namespace) -> dict:
         extra = {"sklearn_inertia": float(km.inertia_), "sklearn_n_iter": int(km.n_iter_)}
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the quality search
-    return {"seconds": seconds, "cpu_s": cpu, "peak_rss_mb": peak, "data_rss_mb": rss_data, **quality(x, centroids), **extra}
+    return {
+        "seconds": seconds,
+        "cpu_s": cpu,
+        "peak_rss_mb": peak,
+        "data_rss_mb": rss_data,
+        **quality(x, centroids),
+        **extra,
+    }
 
 
 def main() -> None:
@@ -88,15 +95,35 @@ def main() -> None:
     if a.one:
         print(json.dumps(one(a.one, a)))
         return
-    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "OPENBLAS_NUM_THREADS": str(a.threads), "MKL_NUM_THREADS": str(a.threads)}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(a.threads),
+        "OPENBLAS_NUM_THREADS": str(a.threads),
+        "MKL_NUM_THREADS": str(a.threads),
+    }
     runs: dict[str, list[dict]] = {m: [] for m in METHODS}
     for r in range(a.rounds):
-        for m in METHODS[r % 3:] + METHODS[: r % 3]:  # interleaved, the order rotating
-            out = subprocess.run([sys.executable, __file__, "--one", m, *sys.argv[1:]], capture_output=True, text=True, env=env, check=True)
+        for m in METHODS[r % 3 :] + METHODS[: r % 3]:  # interleaved, the order rotating
+            out = subprocess.run(
+                [sys.executable, __file__, "--one", m, *sys.argv[1:]],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=True,
+            )
             runs[m].append(json.loads(out.stdout.strip().splitlines()[-1]))
     med = {m: {key: statistics.median(run[key] for run in rs) for key in rs[0]} for m, rs in runs.items()}
-    res: dict = {"bench": "kmeans", "n": a.n, "dim": a.dim, "k": a.k, "niter": a.niter, "nredo": a.nredo, "threads": a.threads,
-                 "rounds": a.rounds, "kiln_tol": med["kiln"]["tol"]}
+    res: dict = {
+        "bench": "kmeans",
+        "n": a.n,
+        "dim": a.dim,
+        "k": a.k,
+        "niter": a.niter,
+        "nredo": a.nredo,
+        "threads": a.threads,
+        "rounds": a.rounds,
+        "kiln_tol": med["kiln"]["tol"],
+    }
     for m in METHODS:
         res[f"{m}_s"] = round(med[m]["seconds"], 2)
         res[f"{m}_cpu_s"] = round(med[m]["cpu_s"], 2)

@@ -39,7 +39,9 @@ def main() -> None:
     if not args.skip_train:
         select = [*(r.train_set for r in domains), *(r.checkpoint for r in domains), MERGED]
         t0 = time.perf_counter()
-        subprocess.run([str(Path(sys.executable).parent / "kiln"), "run", "--select", *select, *args.overrides], check=True)
+        subprocess.run(
+            [str(Path(sys.executable).parent / "kiln"), "run", "--select", *select, *args.overrides], check=True
+        )
         timings["domain_sfts_and_merge_s"] = round(time.perf_counter() - t0, 1)
     search = json.loads((data / MERGED / "merge_search.json").read_text())
     checkpoints = {r.name: data / r.checkpoint for r in domains} | {"base": data / FINAL, "merge": data / MERGED}

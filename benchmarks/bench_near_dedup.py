@@ -84,8 +84,14 @@ def one(method: str, a: argparse.Namespace) -> dict:
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     keys = np.unique(pairs[:, 0].astype(np.int64) * a.n + pairs[:, 1])
-    return {"seconds": seconds, "peak_rss_gib": peak / 2**20, "rss_before_search_gib": rss0 / 2**20, "pairs_found": len(keys),
-            "recall": float(np.isin(planted, keys).mean()), "pairs_digest": hashlib.sha1(keys.tobytes()).hexdigest()}
+    return {
+        "seconds": seconds,
+        "peak_rss_gib": peak / 2**20,
+        "rss_before_search_gib": rss0 / 2**20,
+        "pairs_found": len(keys),
+        "recall": float(np.isin(planted, keys).mean()),
+        "pairs_digest": hashlib.sha1(keys.tobytes()).hexdigest(),
+    }
 
 
 def main() -> None:
@@ -104,12 +110,24 @@ def main() -> None:
         return
     runs: dict[str, list[dict]] = {"kiln": [], "faiss": []}
     for r in range(a.rounds):
-        for m in (["kiln", "faiss"] if r % 2 == 0 else ["faiss", "kiln"]):
-            out = subprocess.run([sys.executable, __file__, "--one", m, *sys.argv[1:]], capture_output=True, text=True, check=True)
+        for m in ["kiln", "faiss"] if r % 2 == 0 else ["faiss", "kiln"]:
+            out = subprocess.run(
+                [sys.executable, __file__, "--one", m, *sys.argv[1:]], capture_output=True, text=True, check=True
+            )
             runs[m].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    res: dict = {"bench": "near_dedup", "n": a.n, "planted": a.planted, "phash_radius": a.phash_radius, "color_radius": a.color_radius,
-                 "bands": a.bands, "faiss_nhash": a.bands, "faiss_bits_per_hash": 144 // a.bands, "faiss_nflip": a.phash_radius // a.bands,
-                 "rounds": a.rounds, "threads": 1}
+    res: dict = {
+        "bench": "near_dedup",
+        "n": a.n,
+        "planted": a.planted,
+        "phash_radius": a.phash_radius,
+        "color_radius": a.color_radius,
+        "bands": a.bands,
+        "faiss_nhash": a.bands,
+        "faiss_bits_per_hash": 144 // a.bands,
+        "faiss_nflip": a.phash_radius // a.bands,
+        "rounds": a.rounds,
+        "threads": 1,
+    }
     for m, rs in runs.items():
         res[f"{m}_s"] = round(statistics.median(r["seconds"] for r in rs), 2)
         res[f"{m}_peak_rss_gib"] = round(statistics.median(r["peak_rss_gib"] for r in rs), 3)

@@ -75,7 +75,11 @@ def scaling(dsn: str, stage, rows, workers: list[int], batch_size: int, cfg: Kil
     ref = figures[str(workers[0])]["rows_per_s"]
     for f in figures.values():
         f["vs_1_worker"] = round(f["rows_per_s"] / ref, 2)
-    return {"rows": rows.num_rows, "workers": figures, "embedded_2_workers_rows_per_s": embedded_once(stage, rows, 2, batch_size, cfg)}
+    return {
+        "rows": rows.num_rows,
+        "workers": figures,
+        "embedded_2_workers_rows_per_s": embedded_once(stage, rows, 2, batch_size, cfg),
+    }
 
 
 def main() -> None:
@@ -94,7 +98,9 @@ def main() -> None:
     from kiln.stage import get_stage
 
     manifest, demo_cfg = demo_manifest(a.filter_images)
-    out["filter"] = scaling(dsn, get_stage("filter"), manifest, a.workers, a.filter_batch_size, demo_cfg, f"{TABLE}_images")
+    out["filter"] = scaling(
+        dsn, get_stage("filter"), manifest, a.workers, a.filter_batch_size, demo_cfg, f"{TABLE}_images"
+    )
     print(json.dumps(out, sort_keys=True))
 
 

@@ -42,14 +42,26 @@ SEED = 0
 
 # The candidate real-data defaults this benchmark reports on (docs/real-data-defaults.md).
 FILTER_DEFAULTS = dict(
-    min_side=128, max_aspect=3.0, min_laplacian_var=2.0, max_laplacian_var=28000.0, min_entropy=0.3,
-    max_white_ratio=0.98, max_black_ratio=0.98, max_border_share=0.9,
+    min_side=128,
+    max_aspect=3.0,
+    min_laplacian_var=2.0,
+    max_laplacian_var=28000.0,
+    min_entropy=0.3,
+    max_white_ratio=0.98,
+    max_black_ratio=0.98,
+    max_border_share=0.9,
 )
 DEDUP_DEFAULTS = dict(phash_radius=12, color_radius=6, bands=7, mirror=True)
 # The demo-tuned thresholds these replace (pinned: the schema defaults will become the ones above).
 DEMO_FILTER = dict(
-    min_side=32, max_aspect=3.0, min_laplacian_var=8.0, max_laplacian_var=12000.0, min_entropy=2.5,
-    max_white_ratio=0.95, max_black_ratio=0.95, max_border_share=0.4,
+    min_side=32,
+    max_aspect=3.0,
+    min_laplacian_var=8.0,
+    max_laplacian_var=12000.0,
+    min_entropy=2.5,
+    max_white_ratio=0.95,
+    max_black_ratio=0.95,
+    max_border_share=0.4,
 )
 PIXEL_COPIES = ("resize50", "resize25", "jpeg90", "jpeg50", "bright10")  # what a pHash is built to see
 
@@ -83,9 +95,26 @@ def skimage_photos() -> dict[str, Image.Image]:
     """The photographs bundled with scikit-image (no pooch / network needed); grey ones stay grey."""
     import skimage.data as sd
 
-    names = ["astronaut", "camera", "cell", "chelsea", "clock", "coffee", "coins", "hubble_deep_field",
-             "immunohistochemistry", "microaneurysms", "moon", "page", "retina", "rocket", "text",
-             "brick", "grass", "gravel"]
+    names = [
+        "astronaut",
+        "camera",
+        "cell",
+        "chelsea",
+        "clock",
+        "coffee",
+        "coins",
+        "hubble_deep_field",
+        "immunohistochemistry",
+        "microaneurysms",
+        "moon",
+        "page",
+        "retina",
+        "rocket",
+        "text",
+        "brick",
+        "grass",
+        "gravel",
+    ]
     out = {}
     for n in names:
         try:
@@ -123,7 +152,11 @@ def font_path() -> str | None:
         listed = subprocess.run(["fc-list", ":", "file"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         listed = ""
-    files = sorted(line.split(":")[0].strip() for line in listed.splitlines() if line.strip().endswith((".ttf", ".ttf:")) or ".ttf" in line)
+    files = sorted(
+        line.split(":")[0].strip()
+        for line in listed.splitlines()
+        if line.strip().endswith((".ttf", ".ttf:")) or ".ttf" in line
+    )
     for pref in ("DejaVuSans-Bold.ttf", "DejaVuSans.ttf", "LiberationSans-Regular.ttf"):
         for f in files:
             if f.endswith(pref):
@@ -141,8 +174,10 @@ def get_font(path: str | None, size: int) -> ImageFont.ImageFont:
 
 
 SIGN_TEXTS = ["OPEN", "CLOSED", "EXIT", "NO PARKING", "SALE 50%", "WELCOME"]
-WORDS = ("the quick brown fox jumps over lazy dog market river station museum garden coffee ticket "
-         "morning evening city summer winter music film night light open free entry daily news").split()
+WORDS = (
+    "the quick brown fox jumps over lazy dog market river station museum garden coffee ticket "
+    "morning evening city summer winter music film night light open free entry daily news"
+).split()
 
 
 def sentence(rng: np.random.Generator, n: int) -> str:
@@ -185,8 +220,11 @@ def poster(rng: np.random.Generator, font: str | None) -> Image.Image:
 
 def screenshot(rng: np.random.Generator, font: str | None, dark: bool) -> Image.Image:
     """800x600 app window: title bar, sidebar, lines of text on a flat page (light or dark theme)."""
-    page, bar, side, ink = ((30, 30, 30), (55, 55, 60), (42, 42, 46), (220, 220, 220)) if dark else \
-        ((255, 255, 255), (222, 222, 226), (243, 243, 245), (30, 30, 30))
+    page, bar, side, ink = (
+        ((30, 30, 30), (55, 55, 60), (42, 42, 46), (220, 220, 220))
+        if dark
+        else ((255, 255, 255), (222, 222, 226), (243, 243, 245), (30, 30, 30))
+    )
     im = Image.new("RGB", (800, 600), page)
     d = ImageDraw.Draw(im)
     d.rectangle((0, 0, 799, 34), fill=bar)
@@ -239,7 +277,9 @@ def document(rng: np.random.Generator, font: str | None, lines: int) -> Image.Im
 def controls(photos: dict[str, Image.Image], rng: np.random.Generator) -> dict[str, tuple[Image.Image, bool | None]]:
     """Broken / flat / blank images (True: the filter should reject them), edge cases that should pass
     (False) and cases only reported (None)."""
-    astro = photos["astronaut"] if "astronaut" in photos else next(iter(photos.values())).convert("RGB").resize((512, 512))
+    astro = (
+        photos["astronaut"] if "astronaut" in photos else next(iter(photos.values())).convert("RGB").resize((512, 512))
+    )
     framed = Image.new("RGB", (512, 512), (200, 40, 40))
     ImageDraw.Draw(framed).rectangle((0, 0, 511, 511), outline=(20, 20, 20), width=4)
     yy, xx = np.mgrid[0:512, 0:512]
@@ -270,7 +310,12 @@ def controls(photos: dict[str, Image.Image], rng: np.random.Generator) -> dict[s
         "blur_r8_astronaut": (astro.filter(ImageFilter.GaussianBlur(8)), False),
         "blur_r3_astronaut": (astro.filter(ImageFilter.GaussianBlur(3)), False),
         "letterbox_12pct": (letter_light, False),
-        "noise_sigma25_astronaut": (Image.fromarray(np.clip(np.asarray(astro, np.float32) + rng.normal(0, 25, (512, 512, 3)), 0, 255).astype(np.uint8)), False),
+        "noise_sigma25_astronaut": (
+            Image.fromarray(
+                np.clip(np.asarray(astro, np.float32) + rng.normal(0, 25, (512, 512, 3)), 0, 255).astype(np.uint8)
+            ),
+            False,
+        ),
         "product_on_white_80pct": (product_shot(cat, 0.8), None),
         "product_on_white_50pct": (product_shot(cat, 0.5), None),
         "document_half_page": (document(rng, font_path(), 17), None),
@@ -295,7 +340,11 @@ def build_set() -> list[Item]:
             w, h = photos[name].size
             halves = [(0, 0, w // 2, h), (w // 2, 0, w, h)] if vertical else [(0, 0, w, h // 2), (0, h // 2, w, h)]
             for k, box in enumerate(halves):
-                items.append(Item(f"{name}_half{k}", f"{name}_half{k}", "photo", "tile", png(photos[name].crop(box)), related=name))
+                items.append(
+                    Item(
+                        f"{name}_half{k}", f"{name}_half{k}", "photo", "tile", png(photos[name].crop(box)), related=name
+                    )
+                )
     # recoloured variants (hue +120 degrees): same pHash, a different picture by kiln's definition
     for name in ("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry", "motorcycle_left"):
         if name in photos:
@@ -329,8 +378,16 @@ def build_set() -> list[Item]:
 
 
 # --------------------------------------------------------------------------------------- measuring
-OPEN = FilterConfig(min_side=1, max_aspect=1000.0, min_laplacian_var=-1.0, max_laplacian_var=float("inf"), min_entropy=-1.0,
-                    max_white_ratio=1.0, max_black_ratio=1.0, max_border_share=1.0)
+OPEN = FilterConfig(
+    min_side=1,
+    max_aspect=1000.0,
+    min_laplacian_var=-1.0,
+    max_laplacian_var=float("inf"),
+    min_entropy=-1.0,
+    max_white_ratio=1.0,
+    max_black_ratio=1.0,
+    max_border_share=1.0,
+)
 
 
 def measure_all(items: list[Item], folder: Path) -> None:
@@ -374,8 +431,11 @@ def filter_report(items: list[Item], f: FilterConfig) -> dict:
         verdicts = {it.name: filter_reason(it, f) for it in members}
         out[g] = {"n": len(members), "rejected": {n: r for n, r in verdicts.items() if r}}
     controls = [it for it in items if it.kind == "control"]
-    out["controls_wrong"] = {it.name: filter_reason(it, f) for it in controls
-                             if it.expect_reject is not None and bool(filter_reason(it, f)) != it.expect_reject}
+    out["controls_wrong"] = {
+        it.name: filter_reason(it, f)
+        for it in controls
+        if it.expect_reject is not None and bool(filter_reason(it, f)) != it.expect_reject
+    }
     out["controls_reported"] = {it.name: filter_reason(it, f) for it in controls if it.expect_reject is None}
     return out
 
@@ -418,7 +478,10 @@ def filter_sweep(items: list[Item], base: FilterConfig) -> dict:
             counts: dict[str, int] = {}
             for it in lost:
                 counts[group_of(it)] = counts.get(group_of(it), 0) + 1
-            rows[str(v)] = {"rejected": counts, "controls_missed": sorted(it.name for it in items if it.expect_reject and not filter_reason(it, f))}
+            rows[str(v)] = {
+                "rejected": counts,
+                "controls_missed": sorted(it.name for it in items if it.expect_reject and not filter_reason(it, f)),
+            }
         out[key] = rows
     return out
 
@@ -446,8 +509,15 @@ def truth_of(items: list[Item]) -> Truth:
     fam = np.array([it.family for it in items])
     rel = np.array([it.related for it in items])
     dp = hamming_rows(pw[i], pw[j])
-    return Truth(i, j, fam[i] == fam[j], ~((rel[i] == fam[j]) | (rel[j] == fam[i])), dp,
-                 np.minimum(dp, hamming_rows(mw[i], pw[j])), hamming_rows(cw[i], cw[j]))
+    return Truth(
+        i,
+        j,
+        fam[i] == fam[j],
+        ~((rel[i] == fam[j]) | (rel[j] == fam[i])),
+        dp,
+        np.minimum(dp, hamming_rows(mw[i], pw[j])),
+        hamming_rows(cw[i], cw[j]),
+    )
 
 
 def scores(items: list[Item], t: Truth, found: np.ndarray) -> dict:
@@ -471,7 +541,9 @@ def scores(items: list[Item], t: Truth, found: np.ndarray) -> dict:
     for k, it in enumerate(items):
         if it.family in first and k != first[it.family] and it.transform not in ("original", "tile", "recolour"):
             per.setdefault(f"{it.kind}:{it.transform}", []).append(int(label[k] == label[first[it.family]]))
-    real = {tr: [] for tr in ("resize50", "resize25", "crop90", "crop80", "jpeg90", "jpeg50", "flip", "bright10", "stereo")}
+    real = {
+        tr: [] for tr in ("resize50", "resize25", "crop90", "crop80", "jpeg90", "jpeg50", "flip", "bright10", "stereo")
+    }
     for key, v in per.items():
         kind, tr = key.split(":")
         if kind in ("photo", "text"):
@@ -480,9 +552,22 @@ def scores(items: list[Item], t: Truth, found: np.ndarray) -> dict:
     pix = [x for tr in PIXEL_COPIES for x in real[tr]]
     out["copy_recall_pixel_copies"] = round(float(np.mean(pix)), 4)  # resize / JPEG / brightness, photos and text
     out["copy_recall_pixel_copies_and_flips"] = round(float(np.mean(pix + real["flip"])), 4)
-    out["copy_recall_graphics"] = round(float(np.mean([x for key, v in per.items() if key.startswith("graphic:") and not
-                                                       key.endswith(("crop90", "crop80")) for x in v])), 3)
-    false = [(items[a].name, items[b].name) for a, b in zip(t.i[grouped & scored & ~t.pos], t.j[grouped & scored & ~t.pos])]
+    out["copy_recall_graphics"] = round(
+        float(
+            np.mean(
+                [
+                    x
+                    for key, v in per.items()
+                    if key.startswith("graphic:") and not key.endswith(("crop90", "crop80"))
+                    for x in v
+                ]
+            )
+        ),
+        3,
+    )
+    false = [
+        (items[a].name, items[b].name) for a, b in zip(t.i[grouped & scored & ~t.pos], t.j[grouped & scored & ~t.pos])
+    ]
     out["false_merges"] = false[:8]
     return out
 
@@ -510,18 +595,45 @@ def distance_table(items: list[Item], t: Truth) -> dict:
         if it.family in first and k != first[it.family] and it.kind in ("photo", "text"):
             e = idx[(min(k, first[it.family]), max(k, first[it.family]))]
             per.setdefault(it.transform, []).append((int(t.dp[e]), int(t.dpm[e]), int(t.dc[e])))
-    out = {tr: {"n": len(v), "phash_max": max(x[0] for x in v), "phash_p50": float(np.median([x[0] for x in v])),
-                "mirror_aware_max": max(x[1] for x in v), "color_max": max(x[2] for x in v)} for tr, v in sorted(per.items())}
+    out = {
+        tr: {
+            "n": len(v),
+            "phash_max": max(x[0] for x in v),
+            "phash_p50": float(np.median([x[0] for x in v])),
+            "mirror_aware_max": max(x[1] for x in v),
+            "color_max": max(x[2] for x in v),
+        }
+        for tr, v in sorted(per.items())
+    }
     neg = t.scored & ~t.pos
     k = int(np.argmin(np.where(neg, t.dp, 999)))
     km = int(np.argmin(np.where(neg, t.dpm, 999)))
-    recol = np.array([items[a].transform == "recolour" or items[b].transform == "recolour" for a, b in zip(t.i, t.j)]) & neg
+    recol = (
+        np.array([items[a].transform == "recolour" or items[b].transform == "recolour" for a, b in zip(t.i, t.j)]) & neg
+    )
     kr = int(np.argmin(np.where(recol, t.dp, 999))) if recol.any() else k
-    out["nearest_distinct"] = {"phash": int(t.dp[k]), "color": int(t.dc[k]), "pair": [items[t.i[k]].name, items[t.j[k]].name]}
-    out["nearest_distinct_mirror_aware"] = {"phash": int(t.dpm[km]), "color": int(t.dc[km]), "pair": [items[t.i[km]].name, items[t.j[km]].name]}
-    out["nearest_recolour"] = {"phash": int(t.dp[kr]), "color": int(t.dc[kr]), "pair": [items[t.i[kr]].name, items[t.j[kr]].name],
-                               "min_color_of_recolour_pairs_within_r": int(t.dc[recol & (t.dp <= 24)].min()) if (recol & (t.dp <= 24)).any() else None}
-    signs = np.array([items[a].name.startswith("sign_") and items[b].name.startswith("sign_") for a, b in zip(t.i, t.j)]) & neg
+    out["nearest_distinct"] = {
+        "phash": int(t.dp[k]),
+        "color": int(t.dc[k]),
+        "pair": [items[t.i[k]].name, items[t.j[k]].name],
+    }
+    out["nearest_distinct_mirror_aware"] = {
+        "phash": int(t.dpm[km]),
+        "color": int(t.dc[km]),
+        "pair": [items[t.i[km]].name, items[t.j[km]].name],
+    }
+    out["nearest_recolour"] = {
+        "phash": int(t.dp[kr]),
+        "color": int(t.dc[kr]),
+        "pair": [items[t.i[kr]].name, items[t.j[kr]].name],
+        "min_color_of_recolour_pairs_within_r": int(t.dc[recol & (t.dp <= 24)].min())
+        if (recol & (t.dp <= 24)).any()
+        else None,
+    }
+    signs = (
+        np.array([items[a].name.startswith("sign_") and items[b].name.startswith("sign_") for a, b in zip(t.i, t.j)])
+        & neg
+    )
     out["distinct_signs_min_phash"] = int(t.dp[signs].min()) if signs.any() else None
     return out
 
@@ -564,10 +676,17 @@ def main() -> None:
         lsh = np.sort(np.searchsorted(t.i * len(dd) + t.j, pairs[:, 0] * len(dd) + pairs[:, 1]))
         found = np.zeros(len(t.i), bool)
         found[lsh] = True
-        table = pa.table({"id": [f"{k:06d}" for k in range(len(dd))], "md5": [it.row["md5"] for it in dd],
-                          "width": [it.row["width"] for it in dd], "height": [it.row["height"] for it in dd],
-                          "bytes": [it.row["bytes"] for it in dd], "phash": [it.row["phash"] for it in dd],
-                          "colorhash": [it.row["colorhash"] for it in dd]})
+        table = pa.table(
+            {
+                "id": [f"{k:06d}" for k in range(len(dd))],
+                "md5": [it.row["md5"] for it in dd],
+                "width": [it.row["width"] for it in dd],
+                "height": [it.row["height"] for it in dd],
+                "bytes": [it.row["bytes"] for it in dd],
+                "phash": [it.row["phash"] for it in dd],
+                "colorhash": [it.row["colorhash"] for it in dd],
+            }
+        )
         g = find_groups(table, d_new.phash_radius, d_new.color_radius, d_new.bands, mirror)
         chosen["mirror" if mirror else "plain"] = {
             "lsh_equals_brute_force": bool(np.array_equal(lsh, brute)),
@@ -575,24 +694,42 @@ def main() -> None:
             **scores(dd, t, found),
         }
     out = {
-        "images": len(items), "families": len({it.family for it in items}), "dedup_images": len(dd),
-        "positive_pairs": int((t.pos & t.scored).sum()), "distinct_pairs": int((t.scored & ~t.pos).sum()),
-        "font": font_path(), "measure_s": round(t_measure, 1),
-        "filter_defaults": FILTER_DEFAULTS, "dedup_defaults": DEDUP_DEFAULTS,
+        "images": len(items),
+        "families": len({it.family for it in items}),
+        "dedup_images": len(dd),
+        "positive_pairs": int((t.pos & t.scored).sum()),
+        "distinct_pairs": int((t.scored & ~t.pos).sum()),
+        "font": font_path(),
+        "measure_s": round(t_measure, 1),
+        "filter_defaults": FILTER_DEFAULTS,
+        "dedup_defaults": DEDUP_DEFAULTS,
         "filter_at_defaults": filter_report(items, f_new),
-        "filter_at_demo_defaults": {g: len(v["rejected"]) if isinstance(v, dict) and "rejected" in v else v
-                                   for g, v in filter_report(items, f_old).items()},
-        "demo_defaults_text_rejected": {k: v for g, r in filter_report(items, f_old).items() if g.startswith("text") for k, v in r["rejected"].items()},
+        "filter_at_demo_defaults": {
+            g: len(v["rejected"]) if isinstance(v, dict) and "rejected" in v else v
+            for g, v in filter_report(items, f_old).items()
+        },
+        "demo_defaults_text_rejected": {
+            k: v
+            for g, r in filter_report(items, f_old).items()
+            if g.startswith("text")
+            for k, v in r["rejected"].items()
+        },
         "stat_ranges": stat_ranges(items),
         "copy_distances": distance_table(dd, t),
         "dedup_at_defaults": chosen,
-        "dedup_radius_sweep": {k: v for k, v in dedup_sweep(dd, t, [4, 8, 12, 16, 20, 24, 28, 32, 36, 40], [2, 4, 6, 8]).items()
-                               if a.details or k.endswith(f"_c{d_new.color_radius}") or k.endswith(f"_c{d_new.color_radius}_mirror")},
+        "dedup_radius_sweep": {
+            k: v
+            for k, v in dedup_sweep(dd, t, [4, 8, 12, 16, 20, 24, 28, 32, 36, 40], [2, 4, 6, 8]).items()
+            if a.details or k.endswith(f"_c{d_new.color_radius}") or k.endswith(f"_c{d_new.color_radius}_mirror")
+        },
     }
     if a.details:
         out["filter_sweep"] = filter_sweep(items, f_new)
     if a.scale:
-        out["scale_cost"] = {"n": a.scale, **scale_cost(a.scale, [(12, 7, False), (12, 7, True), (16, 6, False), (20, 7, False)])}
+        out["scale_cost"] = {
+            "n": a.scale,
+            **scale_cost(a.scale, [(12, 7, False), (12, 7, True), (16, 6, False), (20, 7, False)]),
+        }
     out["total_s"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(out))
 

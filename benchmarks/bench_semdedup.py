@@ -36,7 +36,9 @@ def vectors(n: int, dim: int, leaf: int, seed: int = 0) -> tuple[np.ndarray, np.
     centres = rng.normal(size=(leaves, dim)).astype(np.float32)
     labels = np.repeat(np.arange(leaves), leaf)[:n]
     x = centres[labels] + rng.normal(size=(n, dim)).astype(np.float32)
-    x[1::50] = x[0::50][: len(x[1::50])] + 0.01 * rng.normal(size=(len(x[1::50]), dim)).astype(np.float32)  # planted copies
+    x[1::50] = x[0::50][: len(x[1::50])] + 0.01 * rng.normal(size=(len(x[1::50]), dim)).astype(
+        np.float32
+    )  # planted copies
     labels[1::50] = labels[0::50][: len(labels[1::50])]
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     return x.astype(np.float16).astype(np.float32), labels
@@ -58,7 +60,11 @@ def range_pairs(x: np.ndarray, threshold: float) -> np.ndarray:
 def faiss_leaf_pairs(x: np.ndarray, leaf: np.ndarray, threshold: float) -> np.ndarray:
     order = np.argsort(leaf, kind="stable")
     bounds = [0, *(np.flatnonzero(np.diff(leaf[order])) + 1).tolist(), len(order)]
-    found = [order[a:b][range_pairs(np.ascontiguousarray(x[order[a:b]]), threshold)] for a, b in zip(bounds[:-1], bounds[1:]) if b - a > 1]
+    found = [
+        order[a:b][range_pairs(np.ascontiguousarray(x[order[a:b]]), threshold)]
+        for a, b in zip(bounds[:-1], bounds[1:])
+        if b - a > 1
+    ]
     return np.concatenate(found) if found else np.empty((0, 2), np.int64)
 
 
@@ -78,13 +84,16 @@ def main() -> None:
     a = p.parse_args()
 
     x, labels = vectors(a.n, a.dim, a.leaf)
-    methods = {"kiln": lambda: leaf_pairs(x, labels, a.threshold)[0], "faiss_leaf": lambda: faiss_leaf_pairs(x, labels, a.threshold),
-               "faiss_all": lambda: range_pairs(x, a.threshold)}
+    methods = {
+        "kiln": lambda: leaf_pairs(x, labels, a.threshold)[0],
+        "faiss_leaf": lambda: faiss_leaf_pairs(x, labels, a.threshold),
+        "faiss_all": lambda: range_pairs(x, a.threshold),
+    }
     seconds: dict[str, list[float]] = {m: [] for m in methods}
     found: dict[str, np.ndarray] = {}
     names = list(methods)
     for r in range(a.rounds):
-        for m in names[r % 3:] + names[: r % 3]:  # interleaved, the order rotating
+        for m in names[r % 3 :] + names[: r % 3]:  # interleaved, the order rotating
             t0 = time.perf_counter()
             found[m] = methods[m]()
             seconds[m].append(time.perf_counter() - t0)
@@ -101,23 +110,47 @@ def main() -> None:
 
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
-    images = [render(sample_scene(rng, fam, "color"), 96, 96) for fam in
-              (["single_shape", "counted_shapes", "two_shapes", "text_sign", "pattern_background"] * a.images)[: a.images]]
+    images = [
+        render(sample_scene(rng, fam, "color"), 96, 96)
+        for fam in (["single_shape", "counted_shapes", "two_shapes", "text_sign", "pattern_background"] * a.images)[
+            : a.images
+        ]
+    ]
     t0 = time.perf_counter()
     ClassicalEmbedder().embed(images)
     embed_s = time.perf_counter() - t0
 
-    print(json.dumps({
-        "bench": "semdedup", "n": a.n, "dim": a.dim, "leaf": a.leaf, "threshold": a.threshold, "rounds": a.rounds,
-        "pairs_compared_in_leaves": int(compared), "planted": len(planted),
-        "kiln_s": round(med["kiln"], 3), "faiss_leaf_s": round(med["faiss_leaf"], 3), "faiss_all_s": round(med["faiss_all"], 3),
-        "ratio_faiss_leaf_over_kiln": round(med["faiss_leaf"] / med["kiln"], 2), "ratio_faiss_all_over_kiln": round(med["faiss_all"] / med["kiln"], 2),
-        "kiln_pairs": len(sets["kiln"]), "faiss_leaf_pairs": len(sets["faiss_leaf"]), "faiss_all_pairs": len(sets["faiss_all"]),
-        "kiln_equals_faiss_leaf": sets["kiln"] == sets["faiss_leaf"],
-        "kiln_recall_of_all_pairs": round(len(sets["kiln"] & sets["faiss_all"]) / max(len(sets["faiss_all"]), 1), 4),
-        "planted_found_kiln": round(len(planted & sets["kiln"]) / len(planted), 4),
-        "embed_images": a.images, "embed_images_per_s": round(a.images / embed_s, 1), "embedder": "classical@64px",
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "semdedup",
+                "n": a.n,
+                "dim": a.dim,
+                "leaf": a.leaf,
+                "threshold": a.threshold,
+                "rounds": a.rounds,
+                "pairs_compared_in_leaves": int(compared),
+                "planted": len(planted),
+                "kiln_s": round(med["kiln"], 3),
+                "faiss_leaf_s": round(med["faiss_leaf"], 3),
+                "faiss_all_s": round(med["faiss_all"], 3),
+                "ratio_faiss_leaf_over_kiln": round(med["faiss_leaf"] / med["kiln"], 2),
+                "ratio_faiss_all_over_kiln": round(med["faiss_all"] / med["kiln"], 2),
+                "kiln_pairs": len(sets["kiln"]),
+                "faiss_leaf_pairs": len(sets["faiss_leaf"]),
+                "faiss_all_pairs": len(sets["faiss_all"]),
+                "kiln_equals_faiss_leaf": sets["kiln"] == sets["faiss_leaf"],
+                "kiln_recall_of_all_pairs": round(
+                    len(sets["kiln"] & sets["faiss_all"]) / max(len(sets["faiss_all"]), 1), 4
+                ),
+                "planted_found_kiln": round(len(planted & sets["kiln"]) / len(planted), 4),
+                "embed_images": a.images,
+                "embed_images_per_s": round(a.images / embed_s, 1),
+                "embedder": "classical@64px",
+            }
+        )
+    )
+
 
 if __name__ == "__main__":
     main()

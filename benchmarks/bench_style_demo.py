@@ -23,10 +23,14 @@ def main() -> None:
     from training.style.train import style_train
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--checkpoint", default="data/checkpoint", help="a demo checkpoint (with or without the reference pathway)")
+    ap.add_argument(
+        "--checkpoint", default="data/checkpoint", help="a demo checkpoint (with or without the reference pathway)"
+    )
     ap.add_argument("--out", default="data/bench_style")
     ap.add_argument("--skip-train", action="store_true", help="evaluate OUT as it is")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. style.steps=300 model.reference.encoder=classical")
+    ap.add_argument(
+        "overrides", nargs="*", help="Hydra overrides, e.g. style.steps=300 model.reference.encoder=classical"
+    )
     args = ap.parse_args()
     cfg = load_config(args.overrides)
     out, timings = Path(args.out), {}
@@ -39,8 +43,15 @@ def main() -> None:
     timings["eval_s"] = round(time.perf_counter() - t0, 1)
     print("| strength | transfer | leakage | content | colour |\n|---|---|---|---|---|")
     for r in report["per_strength"]:
-        print(f"| {r['strength']:.2f} | {r['transfer']:.3f} | {r['leakage']:.3f} | {r['content']:.3f} | {r['color']:.3f} |")
-    result = report | {"checkpoint": args.checkpoint, "steps": cfg.style.steps, "encoder": cfg.model.reference.encoder, **timings}
+        print(
+            f"| {r['strength']:.2f} | {r['transfer']:.3f} | {r['leakage']:.3f} | {r['content']:.3f} | {r['color']:.3f} |"
+        )
+    result = report | {
+        "checkpoint": args.checkpoint,
+        "steps": cfg.style.steps,
+        "encoder": cfg.model.reference.encoder,
+        **timings,
+    }
     result["targets_met"] = bool(report["transfer_monotone"] and report["leakage_ok"] and len(report["strengths"]) >= 4)
     (out / "bench_style.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))

@@ -31,7 +31,12 @@ import torch
 
 def with_sampler(cfg, steps: int, cfg_scale: float, n: int):
     t = cfg.train
-    train = t.model_copy(update={"sample": t.sample.model_copy(update={"cfg_scale": cfg_scale}), "eval": t.eval.model_copy(update={"steps": steps, "n_per_prompt": n})})
+    train = t.model_copy(
+        update={
+            "sample": t.sample.model_copy(update={"cfg_scale": cfg_scale}),
+            "eval": t.eval.model_copy(update={"steps": steps, "n_per_prompt": n}),
+        }
+    )
     return cfg.model_copy(update={"train": train})
 
 
@@ -56,7 +61,14 @@ def score(checkpoint: Path, cfg, steps: int, cfg_scale: float, n: int, time_n: i
         per_image = (time.perf_counter() - t0) / time_n
     mean = round(float(np.mean([v for k, v in acc.items() if k != "all"])), 4)
     nfe = steps * (2 if cfg_scale != 1.0 else 1)
-    return {"steps": steps, "cfg_scale": cfg_scale, "nfe": nfe, "prompt_following": acc, "mean": mean, "seconds_per_image": round(per_image, 5)}
+    return {
+        "steps": steps,
+        "cfg_scale": cfg_scale,
+        "nfe": nfe,
+        "prompt_following": acc,
+        "mean": mean,
+        "seconds_per_image": round(per_image, 5),
+    }
 
 
 def main() -> None:
@@ -92,7 +104,10 @@ def main() -> None:
         "checkpoint": str(ckpt),
         "distill": cfg.post.distill.model_dump(mode="json"),
         "distill_seconds": round(seconds, 1),
-        "teacher_gap_first5_last5": [round(float(np.mean([h["teacher_gap"] for h in history[:5]])), 4), round(float(np.mean([h["teacher_gap"] for h in history[-5:]])), 4)],
+        "teacher_gap_first5_last5": [
+            round(float(np.mean([h["teacher_gap"] for h in history[:5]])), 4),
+            round(float(np.mean([h["teacher_gap"] for h in history[-5:]])), 4),
+        ],
         "eval_n": args.eval_n,
         **results,
         "student_over_teacher_50": round(s["mean"] / t50["mean"], 4) if t50["mean"] else None,

@@ -43,7 +43,12 @@ def main(argv: list[str] | None = None) -> None:
             start = time.perf_counter()
             where = where_the_shape_goes(shift, data, Path(tmp) / f"shift_{shift:g}")
             error = max(float(abs(np.subtract(where[p], POSITION_XY[p])).max()) for p in POSITIONS)
-            row = {"bench": "timestep_shift", "shift": shift, "max_centroid_error": round(error, 4), "follows_caption": follows_the_caption(where)}
+            row = {
+                "bench": "timestep_shift",
+                "shift": shift,
+                "max_centroid_error": round(error, 4),
+                "follows_caption": follows_the_caption(where),
+            }
             print(json.dumps(row | {"seconds": round(time.perf_counter() - start, 1)}), flush=True)
 
 

@@ -89,14 +89,24 @@ def minimal_loop(data: Path, cfg: KilnConfig, steps: int) -> dict:
         if repa is not None:
             repa_opt.step()
         seconds.append(time.perf_counter() - t0)
-    return {"startup_s": startup, "step_s": statistics.median(seconds[WARMUP:]), "total_s": time.perf_counter() - started}
+    return {
+        "startup_s": startup,
+        "step_s": statistics.median(seconds[WARMUP:]),
+        "total_s": time.perf_counter() - started,
+    }
 
 
 def kiln_trainer(data: Path, cfg: KilnConfig, steps: int, workers: int, out: Path) -> dict:
     from training.core.telemetry import read_metrics
     from training.core.trainer import train
 
-    run = cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": steps, "loader_workers": workers, "log_every": 0, "holdout": 0})})
+    run = cfg.model_copy(
+        update={
+            "train": cfg.train.model_copy(
+                update={"steps": steps, "loader_workers": workers, "log_every": 0, "holdout": 0}
+            )
+        }
+    )
     started = time.perf_counter()
     train(data, out, run, overwrite=True)
     total = time.perf_counter() - started
@@ -106,8 +116,21 @@ def kiln_trainer(data: Path, cfg: KilnConfig, steps: int, workers: int, out: Pat
 
 def measure_one(args: argparse.Namespace, data: Path, which: str) -> dict:
     """One run, in a fresh process: `which` is "reference" or "kiln wN"."""
-    cmd = [sys.executable, __file__, "--one", which, "--data", str(data), "--steps", str(args.steps), "--", *args.overrides]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1]).stdout
+    cmd = [
+        sys.executable,
+        __file__,
+        "--one",
+        which,
+        "--data",
+        str(data),
+        "--steps",
+        str(args.steps),
+        "--",
+        *args.overrides,
+    ]
+    out = subprocess.run(
+        cmd, check=True, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1]
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -123,7 +146,11 @@ def main() -> None:
     cfg = load_config(args.overrides)
     if args.one is not None:
         with tempfile.TemporaryDirectory() as tmp:
-            one = minimal_loop(args.data, cfg, args.steps) if args.one == "reference" else kiln_trainer(args.data, cfg, args.steps, int(args.one.removeprefix("kiln w")), Path(tmp) / "run")
+            one = (
+                minimal_loop(args.data, cfg, args.steps)
+                if args.one == "reference"
+                else kiln_trainer(args.data, cfg, args.steps, int(args.one.removeprefix("kiln w")), Path(tmp) / "run")
+            )
         print(json.dumps(one))
         return
     with tempfile.TemporaryDirectory() as tmp:
@@ -133,13 +160,29 @@ def main() -> None:
         for r in range(args.repeats):
             for which in runs:
                 runs[which].append(measure_one(args, data, which))
-            print(f"repeat {r + 1}/{args.repeats}: " + ", ".join(f"{k} {v[-1]['step_s']:.3f} s/step" for k, v in runs.items()), flush=True)
-    med = {k: {m: statistics.median(x[m] for x in v) for m in ("step_s", "startup_s", "total_s")} for k, v in runs.items()}
+            print(
+                f"repeat {r + 1}/{args.repeats}: "
+                + ", ".join(f"{k} {v[-1]['step_s']:.3f} s/step" for k, v in runs.items()),
+                flush=True,
+            )
+    med = {
+        k: {m: statistics.median(x[m] for x in v) for m in ("step_s", "startup_s", "total_s")} for k, v in runs.items()
+    }
     ref = med["reference"]["step_s"]
     print(f"\n{'':10} {'s/step':>8} {'ref/kiln':>9} {'start-up s':>11}")
     for k, m in med.items():
         print(f"{k:10} {m['step_s']:8.3f} {ref / m['step_s']:9.2f} {m['startup_s']:11.1f}")
-    print(json.dumps({"threads": torch.get_num_threads(), "steps": args.steps, "repeats": args.repeats, "median": med, "ratio": {k: ref / m["step_s"] for k, m in med.items()}}))
+    print(
+        json.dumps(
+            {
+                "threads": torch.get_num_threads(),
+                "steps": args.steps,
+                "repeats": args.repeats,
+                "median": med,
+                "ratio": {k: ref / m["step_s"] for k, m in med.items()},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -57,7 +57,13 @@ COUNT_WORDS = {1: "a", 2: "two", 3: "three"}
 OPPOSITE_PAIRS = (("left", "right"), ("top", "bottom"))
 
 # centre of each position, as fractions of (width, height)
-POSITION_XY = {"left": (0.25, 0.5), "right": (0.75, 0.5), "top": (0.5, 0.25), "bottom": (0.5, 0.75), "center": (0.5, 0.5)}
+POSITION_XY = {
+    "left": (0.25, 0.5),
+    "right": (0.75, 0.5),
+    "top": (0.5, 0.25),
+    "bottom": (0.5, 0.75),
+    "center": (0.5, 0.5),
+}
 # shape radius as a fraction of the short side, per family layout
 RADIUS = {
     "single": {"small": 0.13, "large": 0.24},
@@ -284,7 +290,9 @@ def _shape_mask(shape: str, centres: list[tuple[float, float]], r: float, w: int
     return np.asarray(m.resize((w, h), Image.Resampling.BOX), dtype=np.float32) / 255.0
 
 
-def _centres(s: Shape, layout: str, w: int, h: int, rng: np.random.Generator) -> tuple[list[tuple[float, float]], float]:
+def _centres(
+    s: Shape, layout: str, w: int, h: int, rng: np.random.Generator
+) -> tuple[list[tuple[float, float]], float]:
     short = min(w, h)
     r = RADIUS[layout][s.size] * short
     fx, fy = POSITION_XY[s.position]

@@ -89,7 +89,14 @@ def _spaced_box(rgb: np.ndarray, quad, text, confidence, char_boxes, chars, char
         return TextBox(x0, y0, x1, y1, str(text).strip(), float(confidence))
     centres = [float(np.mean([p[0] for p in b])) for b in char_boxes]
     letters = [c for ch, c in zip(chars, char_confidences) if ch != " "]
-    return TextBox(x0, y0, x1, y1, spaced_text(chars, centres, gaps_in(rgb, x0, y0, x1, y1)), float(np.mean(letters)) if letters else float(confidence))
+    return TextBox(
+        x0,
+        y0,
+        x1,
+        y1,
+        spaced_text(chars, centres, gaps_in(rgb, x0, y0, x1, y1)),
+        float(np.mean(letters)) if letters else float(confidence),
+    )
 
 
 def ink(crop: np.ndarray) -> np.ndarray:
@@ -165,7 +172,9 @@ class TesseractEngine:
         return merge_lines(words)
 
 
-_HOCR_WORD = re.compile(r"class='ocrx_word'[^>]*title='bbox (\d+) (\d+) (\d+) (\d+); x_wconf (\d+)'>((?:\s*<span class='ocrx_cinfo'[^>]*>[^<]*</span>)+)")
+_HOCR_WORD = re.compile(
+    r"class='ocrx_word'[^>]*title='bbox (\d+) (\d+) (\d+) (\d+); x_wconf (\d+)'>((?:\s*<span class='ocrx_cinfo'[^>]*>[^<]*</span>)+)"
+)
 
 
 _HOCR_CHAR = re.compile(r"title='x_bboxes (\d+) \d+ (\d+) \d+;[^']*'>([^<]*)</span>")
@@ -180,7 +189,9 @@ def hocr_words(hocr: str) -> list[tuple[tuple[int, int, int, int], float, list[t
     words = []
     for m in _HOCR_WORD.finditer(hocr):
         x0, y0, x1, y1 = (int(v) for v in m.groups()[:4])
-        chars = [(html.unescape(c), int(a) + min(int(b) - int(a), y1 - y0) / 2) for a, b, c in _HOCR_CHAR.findall(m.group(6))]
+        chars = [
+            (html.unescape(c), int(a) + min(int(b) - int(a), y1 - y0) / 2) for a, b, c in _HOCR_CHAR.findall(m.group(6))
+        ]
         chars = [(c, x) for c, x in chars if c.strip()]
         if chars:
             words.append(((x0, y0, x1, y1), int(m.group(5)) / 100, chars))
@@ -220,8 +231,12 @@ def _without_rereads(line: list[TextBox]) -> list[TextBox]:
 
 def _joined(line: list[TextBox]) -> TextBox:
     return TextBox(
-        min(b.x0 for b in line), min(b.y0 for b in line), max(b.x1 for b in line), max(b.y1 for b in line),
-        " ".join(b.text for b in line), float(np.mean([b.confidence for b in line])),
+        min(b.x0 for b in line),
+        min(b.y0 for b in line),
+        max(b.x1 for b in line),
+        max(b.y1 for b in line),
+        " ".join(b.text for b in line),
+        float(np.mean([b.confidence for b in line])),
     )
 
 

@@ -13,7 +13,33 @@ from dataclasses import dataclass
 PREPOSITIONS = frozenset(["on", "at", "in", "with", "under", "over", "behind", "beside", "near"])
 
 
-STOPWORDS = frozenset(["a", "an", "the", "of", "on", "in", "at", "to", "with", "and", "or", "is", "are", "its", "it", "this", "that", "there", "which", "by", "for", "from", "as"])
+STOPWORDS = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "of",
+        "on",
+        "in",
+        "at",
+        "to",
+        "with",
+        "and",
+        "or",
+        "is",
+        "are",
+        "its",
+        "it",
+        "this",
+        "that",
+        "there",
+        "which",
+        "by",
+        "for",
+        "from",
+        "as",
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -56,7 +82,13 @@ def tag_list(caption: str, ocr_text: str = "") -> list[str]:
 
 def compose_json(long: str, short: str, tags: list[str], ocr_text: str) -> str:
     cl = clauses(long)
-    obj = {"caption": long, "subject": cl[0] if cl else short, "details": cl[1:], "text": ocr_text.splitlines() or None, "tags": tags}
+    obj = {
+        "caption": long,
+        "subject": cl[0] if cl else short,
+        "details": cl[1:],
+        "text": ocr_text.splitlines() or None,
+        "tags": tags,
+    }
     return json.dumps(obj, sort_keys=True, ensure_ascii=False)
 
 
@@ -80,7 +112,11 @@ def make_prompt(caption: str, row_id: str, drop: float, seed: int = 0) -> tuple[
     cl = clauses(caption) or [caption]
     head, tail = split_tail(cl[0])
     words = head.split()
-    candidates = [("clause", c) for c in cl[1:]] + ([("tail", tail)] if tail else []) + [("size", w) for w in words if w.lower() in SIZE_WORDS]
+    candidates = (
+        [("clause", c) for c in cl[1:]]
+        + ([("tail", tail)] if tail else [])
+        + [("size", w) for w in words if w.lower() in SIZE_WORDS]
+    )
     dropped = [c for k, c in enumerate(candidates) if _draw(seed, row_id, k) < drop]
     if not dropped and candidates:  # a pair must leave something out; drop the last detail
         dropped = [candidates[-1]]
@@ -114,12 +150,7 @@ TEMPLATES = {
 
 def draw(seed: int, row_id: str, what: str) -> float:
     """A uniform draw in [0, 1) that is a pure function of (seed, row, what): the stage reproduces."""
-    return (
-        int.from_bytes(
-            hashlib.sha1(f"{seed}:{row_id}:{what}".encode()).digest()[:8], "big"
-        )
-        / 2**64
-    )
+    return int.from_bytes(hashlib.sha1(f"{seed}:{row_id}:{what}".encode()).digest()[:8], "big") / 2**64
 
 
 def pick_style(styles: dict[str, float], seed: int, row_id: str) -> str:
@@ -135,9 +166,7 @@ def pick_style(styles: dict[str, float], seed: int, row_id: str) -> str:
 # ---------------------------------------------------------------------------------------------- rules
 def terse(prompt: str) -> str:
     """'a large red circle on the left, on a blue background' -> 'large red circle left, blue background'."""
-    words = [
-        w for w in prompt.replace(",", " , ").split() if w.lower() not in TERSE_DROP
-    ]
+    words = [w for w in prompt.replace(",", " , ").split() if w.lower() not in TERSE_DROP]
     return re.sub(r"\s+,", ",", " ".join(words)).strip(" ,")
 
 

@@ -30,7 +30,12 @@ class GenerationSettings:
     seed: int = 0
 
     def kwargs(self) -> dict:
-        kw = {"max_new_tokens": self.max_new_tokens, "min_new_tokens": self.min_new_tokens, "num_beams": self.num_beams, "do_sample": self.do_sample}
+        kw = {
+            "max_new_tokens": self.max_new_tokens,
+            "min_new_tokens": self.min_new_tokens,
+            "num_beams": self.num_beams,
+            "do_sample": self.do_sample,
+        }
         return kw if self.do_sample else kw | {"temperature": None, "top_p": None, "top_k": None}
 
 
@@ -47,7 +52,12 @@ def ocr_clause(ocr_text: str) -> str:
 
 def build_prompt(template: str, row: dict) -> str:
     """The VLM instruction for one row: the OCR text and the image's metadata filled into the template."""
-    return template.format(ocr=ocr_clause(row.get("ocr_text") or ""), width=row["width"], height=row["height"], format=row.get("format") or "unknown")
+    return template.format(
+        ocr=ocr_clause(row.get("ocr_text") or ""),
+        width=row["width"],
+        height=row["height"],
+        format=row.get("format") or "unknown",
+    )
 
 
 def load_vlm(path: str, device: str = "cpu"):
@@ -63,7 +73,9 @@ def _load_vlm(path: str, device: str):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     processor = AutoProcessor.from_pretrained(path)
-    processor.tokenizer.padding_side = "left"  # batched: every prompt ends at the last position, where the answer starts
+    processor.tokenizer.padding_side = (
+        "left"  # batched: every prompt ends at the last position, where the answer starts
+    )
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval().to(device)
     return model, processor
 
@@ -87,7 +99,12 @@ class VLMCaptioner:
     """A VLM caption for each row, given the image, its OCR text and its size."""
 
     def __init__(self, path: str, prompt: str, batch_size: int = 8, settings: GenerationSettings | None = None):
-        self.path, self.prompt, self.batch_size, self.settings = path, prompt, batch_size, settings or GenerationSettings()
+        self.path, self.prompt, self.batch_size, self.settings = (
+            path,
+            prompt,
+            batch_size,
+            settings or GenerationSettings(),
+        )
         self.model, self.processor = load_vlm(path)
         self.name = f"vlm:{self.model.config.model_type}"
         self.decoding = {"model": path, "prompt": prompt, "batch_size": batch_size, **asdict(self.settings)}
@@ -102,11 +119,15 @@ class VLMCaptioner:
     def caption(self, rows: pa.Table) -> list[str | None]:
         import torch
 
-        records = rows.select([c for c in ("uri", "width", "height", "format", "ocr_text") if c in rows.column_names]).to_pylist()
+        records = rows.select(
+            [c for c in ("uri", "width", "height", "format", "ocr_text") if c in rows.column_names]
+        ).to_pylist()
         out: list[str | None] = []
         for start in range(0, len(records), self.batch_size):
             batch = records[start : start + self.batch_size]
-            inputs = vlm_inputs(self.processor, [r["uri"] for r in batch], [build_prompt(self.prompt, r) for r in batch])
+            inputs = vlm_inputs(
+                self.processor, [r["uri"] for r in batch], [build_prompt(self.prompt, r) for r in batch]
+            )
             seed_everything(self.settings.seed + start)
             with torch.no_grad():
                 ids = self.model.generate(**inputs, **self.settings.kwargs())

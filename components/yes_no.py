@@ -38,8 +38,10 @@ class YesNo:
         out = cls([t for t in pos if t not in shared], [t for t in neg if t not in shared])
         for word, ids in ((positive, out.positive_ids), (negative, out.negative_ids)):
             if not ids:
-                raise ValueError(f"answer word {word!r} has no token of its own in {path}'s tokenizer "
-                                 f"(unknown, or its first token is shared with the other answer)")
+                raise ValueError(
+                    f"answer word {word!r} has no token of its own in {path}'s tokenizer "
+                    f"(unknown, or its first token is shared with the other answer)"
+                )
         return out
 
     def p_yes(self, logits):

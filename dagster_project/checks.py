@@ -25,13 +25,24 @@ def _upstream_rows(kiln: KilnResource, upstream: str) -> int:
 
 
 def _accounting_check(key: str, upstream: str) -> dg.AssetChecksDefinition:
-    @dg.asset_check(asset=key, name="rows_accounted_for", blocking=True, description=f"every {upstream} row is in {key} kept or rejected, exactly once")
+    @dg.asset_check(
+        asset=key,
+        name="rows_accounted_for",
+        blocking=True,
+        description=f"every {upstream} row is in {key} kept or rejected, exactly once",
+    )
     def _check(kiln: KilnResource) -> dg.AssetCheckResult:
         out = kiln.path(key)
         s = Summary.read(out)
-        kept, rejected, upstream_rows = count_rows(out / "kept"), count_rows(out / "rejected"), _upstream_rows(kiln, upstream)
+        kept, rejected, upstream_rows = (
+            count_rows(out / "kept"),
+            count_rows(out / "rejected"),
+            _upstream_rows(kiln, upstream),
+        )
         ok = s.input_rows == upstream_rows == kept + rejected and (s.kept, s.rejected) == (kept, rejected)
-        return dg.AssetCheckResult(passed=ok, metadata={"upstream_rows": upstream_rows, "kept": kept, "rejected": rejected})
+        return dg.AssetCheckResult(
+            passed=ok, metadata={"upstream_rows": upstream_rows, "kept": kept, "rejected": rejected}
+        )
 
     return _check
 
@@ -44,18 +55,27 @@ def _suite_metadata(res: SuiteResult) -> dict:
 
 
 def _expectations_check(key: str, suite: str) -> dg.AssetChecksDefinition:
-    @dg.asset_check(asset=key, name="great_expectations", description=f"the great-expectations suite '{suite}' on the kept rows, and 'rejected' on the rejects")
+    @dg.asset_check(
+        asset=key,
+        name="great_expectations",
+        description=f"the great-expectations suite '{suite}' on the kept rows, and 'rejected' on the rejects",
+    )
     def _check(kiln: KilnResource) -> dg.AssetCheckResult:
         cfg = kiln.config()
         kept = validate_dataset(kiln.path(key), suite, cfg)
         rej = validate_dataset(kiln.path(key) / "rejected", "rejected", cfg)
         return dg.AssetCheckResult(
             passed=kept.success and rej.success,
-            metadata={**_suite_metadata(kept), "rejected_failed": dg.MetadataValue.json([o.__dict__ for o in rej.failed])},
+            metadata={
+                **_suite_metadata(kept),
+                "rejected_failed": dg.MetadataValue.json([o.__dict__ for o in rej.failed]),
+            },
         )
 
     return _check
 
 
 checked = [(n.key, asset_of(n.read_paths[0]), n.suite) for n in data_steps(GRAPH)]
-all_checks = [_accounting_check(key, upstream) for key, upstream, _ in checked] + [_expectations_check(key, suite) for key, _, suite in checked]
+all_checks = [_accounting_check(key, upstream) for key, upstream, _ in checked] + [
+    _expectations_check(key, suite) for key, _, suite in checked
+]

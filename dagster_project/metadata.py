@@ -14,7 +14,10 @@ from kiln.viz import image_grid, markdown_image, placeholder_tile
 
 def rejects_table(summary: Summary) -> dg.TableMetadataValue:
     return dg.MetadataValue.table(
-        records=[dg.TableRecord({"reason": r, "rows": n}) for r, n in sorted(summary.by_reason.items(), key=lambda kv: -kv[1])],
+        records=[
+            dg.TableRecord({"reason": r, "rows": n})
+            for r, n in sorted(summary.by_reason.items(), key=lambda kv: -kv[1])
+        ],
         schema=dg.TableSchema(columns=[dg.TableColumn("reason", "string"), dg.TableColumn("rows", "int")]),
     )
 
@@ -49,7 +52,9 @@ def rejects_grid(rejected, per_reason: int = 6) -> str | None:
         return None
     uris, labels = [], []
     for reason in sorted(set(rejected.column("reason").to_pylist())):
-        rows = rejected.filter(pc.equal(rejected.column("reason"), reason)).slice(0, per_reason).column("uri").to_pylist()
+        rows = (
+            rejected.filter(pc.equal(rejected.column("reason"), reason)).slice(0, per_reason).column("uri").to_pylist()
+        )
         uris += rows + [""] * (per_reason - len(rows))
         labels += [reason] * len(rows) + [""] * (per_reason - len(rows))
     return thumbnails(uris, labels, cols=per_reason)
@@ -105,5 +110,8 @@ def cluster_grids(output: Path, max_clusters: int = 8) -> str | None:
     labels = level_labels(kept, 0)
     parts = []
     for c in sorted(np.unique(labels).tolist())[:max_clusters]:
-        parts.append(f"**cluster {c}** ({int((labels == c).sum())} rows)\n\n" + markdown_image(cluster_grid(kept, 0, c, n=8, cell=48), f"cluster {c}"))
+        parts.append(
+            f"**cluster {c}** ({int((labels == c).sum())} rows)\n\n"
+            + markdown_image(cluster_grid(kept, 0, c, n=8, cell=48), f"cluster {c}")
+        )
     return "\n\n".join(parts)

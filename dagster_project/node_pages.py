@@ -34,7 +34,9 @@ class NodeRun:
 
 def stage_page(run: NodeRun) -> dict:
     md = stage_metadata(run.result, run.out)
-    extra: Callable[[Path], str | None] | None = {"dedup": dedup_groups_grid, "cluster": cluster_grids}.get(run.node.positional[0])
+    extra: Callable[[Path], str | None] | None = {"dedup": dedup_groups_grid, "cluster": cluster_grids}.get(
+        run.node.positional[0]
+    )
     if extra and (grid := extra(run.out)):
         md[f"{run.node.positional[0]}_groups"] = dg.MetadataValue.md(grid)
     return md
@@ -76,7 +78,11 @@ def training_page(run: NodeRun) -> dict:
 
 def final_checkpoint_page(run: NodeRun) -> dict:
     info = json.loads((run.out / "pma.json").read_text())
-    pma = {"pma_k": info["k"], "pma_steps": dg.MetadataValue.json(info["steps"]), "rung": run.node.rung.name if run.node.rung else None}
+    pma = {
+        "pma_k": info["k"],
+        "pma_steps": dg.MetadataValue.json(info["steps"]),
+        "rung": run.node.rung.name if run.node.rung else None,
+    }
     return checkpoint_page(run.out, samples=checkpoint_samples(run.out, run.cfg), details=pma)
 
 
@@ -84,7 +90,11 @@ def samples_page(run: NodeRun) -> dict:
     table = run.out / "samples.parquet"
     n = pq.read_metadata(table).num_rows if table.exists() else 0
     grid = Path(run.result)
-    return {"grid": dg.MetadataValue.md(markdown_image(grid.read_bytes(), "samples")), "images": n, "path": dg.MetadataValue.path(str(grid))}
+    return {
+        "grid": dg.MetadataValue.md(markdown_image(grid.read_bytes(), "samples")),
+        "images": n,
+        "path": dg.MetadataValue.path(str(grid)),
+    }
 
 
 def evaluation_node_page(run: NodeRun) -> dict:
@@ -129,26 +139,44 @@ def compare(before: Path, after: Path, cfg, data_dir: Path) -> dict:
         md |= evaluation_metadata(name, rows[name])
         md |= {f"reward_mean_{name}.{k}": v for k, v in reward_means(mix, rubric[0], images).items() if v is not None}
         md[f"samples_{name}"] = dg.MetadataValue.md(markdown_image(sample_grid(images, prompts), f"samples {name}"))
-    gain = {"prompt_following_gain.all": round(rows["after"]["prompt_following"]["all"] - rows["before"]["prompt_following"]["all"], 4)}
+    gain = {
+        "prompt_following_gain.all": round(
+            rows["after"]["prompt_following"]["all"] - rows["before"]["prompt_following"]["all"], 4
+        )
+    }
     if all(v is None for r in rows.values() for v in r["distribution"].values()):
-        md["distribution_metrics"] = "skipped: no extractor is set (metrics.fid_extractor, metrics.clip_extractor, metrics.dino_extractor)"
+        md["distribution_metrics"] = (
+            "skipped: no extractor is set (metrics.fid_extractor, metrics.clip_extractor, metrics.dino_extractor)"
+        )
     return gain | md
 
 
 def post_page(out: Path, md: dict, curve: tuple[Path, str]) -> dict:
     """A post-training checkpoint's page: the gain and prompt following before/after first, then its own
     training curve and the "after" samples, the rest, the config as one entry."""
-    lead = ("prompt_following_gain", "student_vs_teacher", "speedup", "prompt_following_after.all", "prompt_following_before.all")
+    lead = (
+        "prompt_following_gain",
+        "student_vs_teacher",
+        "speedup",
+        "prompt_following_after.all",
+        "prompt_following_before.all",
+    )
     head = {k: v for k, v in md.items() if k.startswith(lead)}
     rest = {k: v for k, v in md.items() if k not in head and k != "samples_after"}
     after = md.get("samples_after")
-    return checkpoint_page(out, headline=head, samples=after.value if after is not None else None, curve=curve, details=rest)
+    return checkpoint_page(
+        out, headline=head, samples=after.value if after is not None else None, curve=curve, details=rest
+    )
 
 
 def history_means(path: Path, keys: list[str], last: int = 10) -> dict:
     rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
     tail = rows[-last:]
-    return {f"last{last}.{k}": round(sum(r[k] for r in tail) / len(tail), 6) for k in keys if tail and all(k in r for r in tail)}
+    return {
+        f"last{last}.{k}": round(sum(r[k] for r in tail) / len(tail), 6)
+        for k in keys
+        if tail and all(k in r for r in tail)
+    }
 
 
 def dpo_page(run: NodeRun) -> dict:
@@ -173,20 +201,35 @@ def student_page(run: NodeRun) -> dict:
     teacher, cfg = run.inputs["checkpoint"], run.cfg
     md = compare(teacher, run.out, cfg, run.eval_set)
     steps = read_sampler_settings(run.out).steps
-    naive = cfg.model_copy(update={"train": cfg.train.model_copy(update={"eval": cfg.train.eval.model_copy(update={"steps": steps})})})
+    naive = cfg.model_copy(
+        update={"train": cfg.train.model_copy(update={"eval": cfg.train.eval.model_copy(update={"steps": steps})})}
+    )
     row, _ = evaluation_row(teacher, run.eval_set, naive)
     md |= evaluation_metadata(f"teacher_{steps}_steps", row)
-    md["student_vs_teacher.all"] = round(md["prompt_following_after.all"] / md["prompt_following_before.all"], 4) if md["prompt_following_before.all"] else None
-    md["speedup_vs_teacher"] = round(md["seconds_per_image_before"] / md["seconds_per_image_after"], 2) if md["seconds_per_image_after"] else None
+    md["student_vs_teacher.all"] = (
+        round(md["prompt_following_after.all"] / md["prompt_following_before.all"], 4)
+        if md["prompt_following_before.all"]
+        else None
+    )
+    md["speedup_vs_teacher"] = (
+        round(md["seconds_per_image_before"] / md["seconds_per_image_after"], 2)
+        if md["seconds_per_image_after"]
+        else None
+    )
     md |= history_means(run.out / "tdm_history.jsonl", ["student_loss", "fake_loss", "teacher_gap"])
-    return post_page(run.out, {k: v for k, v in md.items() if v is not None}, (run.out / "tdm_history.jsonl", "student_loss"))
+    return post_page(
+        run.out, {k: v for k, v in md.items() if v is not None}, (run.out / "tdm_history.jsonl", "student_loss")
+    )
 
 
 def score_table(rows: dict[str, dict[str, float]]) -> str:
     """Markdown: one row per checkpoint, one column per domain, plus the mean."""
     domains = sorted({d for r in rows.values() for d in r})
     head = "| checkpoint | " + " | ".join(domains) + " | mean |\n|---|" + "---|" * (len(domains) + 1) + "\n"
-    body = "".join(f"| {name} | " + " | ".join(f"{r[d]:.3f}" for d in domains) + f" | {sum(r.values()) / len(r):.3f} |\n" for name, r in rows.items())
+    body = "".join(
+        f"| {name} | " + " | ".join(f"{r[d]:.3f}" for d in domains) + f" | {sum(r.values()) / len(r):.3f} |\n"
+        for name, r in rows.items()
+    )
     return head + body
 
 
@@ -199,13 +242,19 @@ def merged_page(run: NodeRun) -> dict:
     best_single = {d: max(table[name][d] for name in domains) for d in table["merge"]}
     md = {
         **{f"merge.{d}": v for d, v in table["merge"].items()},
-        **{f"merge_vs_best_single.{d}": round(table["merge"][d] / best_single[d], 4) for d in best_single if best_single[d]},
+        **{
+            f"merge_vs_best_single.{d}": round(table["merge"][d] / best_single[d], 4)
+            for d in best_single
+            if best_single[d]
+        },
         "scores": dg.MetadataValue.md(score_table(table)),
     }
     row, _ = evaluation_row(run.out, run.eval_set, run.cfg)  # the merge as a checkpoint: the evaluation every rung gets
     md |= evaluation_metadata("merge", row)
     details = {"candidates": dg.MetadataValue.json(run.result["search"]["candidates"])}
-    return checkpoint_page(run.out, headline=md, samples=checkpoint_samples(run.out, run.cfg), details=details, trained_here=False)
+    return checkpoint_page(
+        run.out, headline=md, samples=checkpoint_samples(run.out, run.cfg), details=details, trained_here=False
+    )
 
 
 # --------------------------------------------------------------------------------------- expander, style
@@ -214,9 +263,21 @@ def expander_page(run: NodeRun) -> dict:
     from training.expander.commands import EVAL_FILE
 
     report = json.loads((run.out / EVAL_FILE).read_text())
-    keys = ("faithfulness", "faithfulness_wide", "following_short", "following_expanded", "following_gain", "diversity", "prompts", "prompts_wide", "following_images")
+    keys = (
+        "faithfulness",
+        "faithfulness_wide",
+        "following_short",
+        "following_expanded",
+        "following_gain",
+        "diversity",
+        "prompts",
+        "prompts_wide",
+        "following_images",
+    )
     md = {k: report[k] for k in keys if k in report}
-    md["examples"] = dg.MetadataValue.md("\n".join(f"- `{e['short']}` -> `{e['expanded']}`" for e in report["examples"]))
+    md["examples"] = dg.MetadataValue.md(
+        "\n".join(f"- `{e['short']}` -> `{e['expanded']}`" for e in report["examples"])
+    )
     history = next(iter(sorted(run.out.glob("expander_*_history.jsonl"))), None)
     lines = [json.loads(x) for x in history.read_text().splitlines()] if history else []
     for k in ("loss", "reward_faithfulness", "reward_image", "reward_diversity", "kl"):
@@ -236,7 +297,11 @@ def style_page(run: NodeRun) -> dict:
         for k in ("transfer", "leakage", "content", "color"):
             md[f"{k}@{r['strength']:g}"] = r[k]
     md["transfer_monotone"] = report["transfer_monotone"]
-    md["max_leakage"], md["leakage_bound"], md["leakage_ok"] = report["max_leakage"], report["leakage_bound"], report["leakage_ok"]
+    md["max_leakage"], md["leakage_bound"], md["leakage_ok"] = (
+        report["max_leakage"],
+        report["leakage_bound"],
+        report["leakage_ok"],
+    )
     md["eval_cases"] = report["cases"]
     history = [json.loads(x) for x in (run.out / "style_history.jsonl").read_text().splitlines()]
     if history:

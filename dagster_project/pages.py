@@ -49,7 +49,9 @@ def sparkline_md(values: list[float], what: str) -> dg.MarkdownMetadataValue:
     vals = [v for v in values if v == v]
     if not vals:
         return dg.MetadataValue.md(f"no {what} recorded")
-    return dg.MetadataValue.md(f"![{what}]({svg_sparkline(vals)})\n\n{len(vals)} steps; last {vals[-1]:.4g}, min {min(vals):.4g}")
+    return dg.MetadataValue.md(
+        f"![{what}]({svg_sparkline(vals)})\n\n{len(vals)} steps; last {vals[-1]:.4g}, min {min(vals):.4g}"
+    )
 
 
 def loss_values(out: Path) -> list[float]:
@@ -68,7 +70,12 @@ def history_values(path: Path, key: str) -> list[float]:
 
 
 def checkpoint_page(
-    out: Path, headline: dict | None = None, samples: str | None = None, curve: tuple[Path, str] | None = None, details: dict | None = None, trained_here: bool | None = None
+    out: Path,
+    headline: dict | None = None,
+    samples: str | None = None,
+    curve: tuple[Path, str] | None = None,
+    details: dict | None = None,
+    trained_here: bool | None = None,
 ) -> dict:
     """The metadata of any checkpoint folder, key figures first.
 
@@ -80,7 +87,11 @@ def checkpoint_page(
     trained_here: whether the folder's loss and throughput are its own run's (default: when there is no
       `curve`); False for a merge, which trained nothing."""
     out = Path(out)
-    state, throughput, seen = _json(out / "train_state.json"), _json(out / "throughput.json"), _json(out / "train_data.json")
+    state, throughput, seen = (
+        _json(out / "train_state.json"),
+        _json(out / "throughput.json"),
+        _json(out / "train_data.json"),
+    )
     own_run = curve is None if trained_here is None else trained_here
     md: dict = dict(headline or {})
     if own_run:
@@ -89,17 +100,29 @@ def checkpoint_page(
         md["loss_curve"] = sparkline_md(ema(loss_values(out)), "training loss (EMA)")
     elif curve:
         md[f"{curve[1]}_curve"] = sparkline_md(history_values(*curve), curve[1])
-    md["samples"] = dg.MetadataValue.md(samples) if samples else dg.MetadataValue.text("not drawn here: see the `samples` asset")
+    md["samples"] = (
+        dg.MetadataValue.md(samples) if samples else dg.MetadataValue.text("not drawn here: see the `samples` asset")
+    )
     if own_run and throughput:
         md["tokens_per_s"] = throughput.get("tokens_per_s")
         mfu = throughput.get("mfu")
-        md["mfu"] = mfu if mfu is not None else dg.MetadataValue.text("unknown: no peak FLOP/s known for this device (a CPU, or a GPU kiln has no figure for)")
+        md["mfu"] = (
+            mfu
+            if mfu is not None
+            else dg.MetadataValue.text(
+                "unknown: no peak FLOP/s known for this device (a CPU, or a GPU kiln has no figure for)"
+            )
+        )
     if seen.get("train_set_version"):
         md["train_set_version"] = str(seen["train_set_version"])
     md |= details or {}
     if own_run and (out / "loss.png").exists():
         md["loss_plot"] = dg.MetadataValue.md(markdown_image((out / "loss.png").read_bytes(), "training loss"))
-    md |= {k: v for k, v in flat_numbers({k: v for k, v in state.items() if k not in ("config", "final_loss")}).items() if k not in md}
+    md |= {
+        k: v
+        for k, v in flat_numbers({k: v for k, v in state.items() if k not in ("config", "final_loss")}).items()
+        if k not in md
+    }
     if own_run:
         md |= {f"throughput.{k}": v for k, v in flat_numbers(throughput).items() if k not in ("tokens_per_s", "mfu")}
     if seen:
@@ -160,13 +183,29 @@ def baseline_table(metrics: dict) -> str:
     """Markdown: each metric for this checkpoint, the untrained baseline and the change (short enough to show inline)."""
     base = metrics.get("baseline")
     pf, bpf = metrics.get("prompt_following") or {}, (base or {}).get("prompt_following") or {}
-    rows = [("held-out loss ↓", (metrics.get("heldout_loss") or {}).get("mean"), ((base or {}).get("heldout_loss") or {}).get("mean"))]
+    rows = [
+        (
+            "held-out loss ↓",
+            (metrics.get("heldout_loss") or {}).get("mean"),
+            ((base or {}).get("heldout_loss") or {}).get("mean"),
+        )
+    ]
     rows += [(f"following: {a}", pf.get(a), bpf.get(a)) for a in ("all", *ATTRIBUTES) if a in pf]
     skipped = skipped_metrics(metrics)
-    rows += [(m, (metrics.get("distribution") or {}).get(m), ((base or {}).get("distribution") or {}).get(m)) for m in DISTRIBUTION if m not in skipped]
-    head = "| metric | checkpoint | untrained | change |\n|---|--:|--:|--:|\n" if base else "| metric | checkpoint |\n|---|--:|\n"
+    rows += [
+        (m, (metrics.get("distribution") or {}).get(m), ((base or {}).get("distribution") or {}).get(m))
+        for m in DISTRIBUTION
+        if m not in skipped
+    ]
+    head = (
+        "| metric | checkpoint | untrained | change |\n|---|--:|--:|--:|\n"
+        if base
+        else "| metric | checkpoint |\n|---|--:|\n"
+    )
     body = "".join(
-        f"| {name} | {_fmt(v)} | {_fmt(b)} | {_fmt(v - b) if isinstance(v, (int, float)) and isinstance(b, (int, float)) else '–'} |\n" if base else f"| {name} | {_fmt(v)} |\n"
+        f"| {name} | {_fmt(v)} | {_fmt(b)} | {_fmt(v - b) if isinstance(v, (int, float)) and isinstance(b, (int, float)) else '–'} |\n"
+        if base
+        else f"| {name} | {_fmt(v)} |\n"
         for name, v, b in rows
     )
     note = "" if base else "\nno untrained baseline recorded in metrics.json\n"
@@ -215,8 +254,14 @@ def evaluation_page(eval_dir: Path) -> dict:
     if history := history_chart(eval_dir):
         md["history_chart"] = dg.MetadataValue.md(markdown_image(history, "evaluation across checkpoints"))
     if (eval_dir / "eval_samples.png").exists():
-        md["eval_samples"] = dg.MetadataValue.md(markdown_image((eval_dir / "eval_samples.png").read_bytes(), "evaluation samples"))
-    numbers = {k: metrics[k] for k in ("heldout_loss", "prompt_following", "distribution", "baseline", "throughput") if metrics.get(k)}
+        md["eval_samples"] = dg.MetadataValue.md(
+            markdown_image((eval_dir / "eval_samples.png").read_bytes(), "evaluation samples")
+        )
+    numbers = {
+        k: metrics[k]
+        for k in ("heldout_loss", "prompt_following", "distribution", "baseline", "throughput")
+        if metrics.get(k)
+    }
     md |= flat_numbers(numbers)
     for k in ("checkpoint", "heldout", "distribution_setup", "prompt_following_setup"):
         if metrics.get(k):

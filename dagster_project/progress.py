@@ -13,7 +13,11 @@ QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
 def _seconds(context: dg.HookContext) -> float | None:
-    starts = [e for e in context.instance.all_logs(context.run_id, of_type=dg.DagsterEventType.STEP_START) if e.step_key == context.step_key]
+    starts = [
+        e
+        for e in context.instance.all_logs(context.run_id, of_type=dg.DagsterEventType.STEP_START)
+        if e.step_key == context.step_key
+    ]
     return None if not starts else max(0.0, time.time() - starts[-1].timestamp)
 
 

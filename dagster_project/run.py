@@ -58,7 +58,9 @@ def unselected_parents(select: list[str]) -> dict[str, list[str]]:
     graph, chosen = d.defs.resolve_asset_graph(), set(select)
     out = {}
     for key in select:
-        parents = sorted(k.to_user_string() for k in graph.get(dg.AssetKey(key)).parent_keys)  # job_for checked the keys
+        parents = sorted(
+            k.to_user_string() for k in graph.get(dg.AssetKey(key)).parent_keys
+        )  # job_for checked the keys
         if missing := [p for p in parents if p not in chosen]:
             out[key] = missing
     return out
@@ -71,28 +73,44 @@ def check_graph_profile(cfg) -> None:
 
     built, asked = [r.name for r in all_rungs(default_config())], [r.name for r in all_rungs(cfg)]
     if built != asked:
-        raise ConfigError(f"the Dagster graph was built for the ladder {built}, this run asks for {asked}: set KILN_OVERRIDES to the run's overrides before the definitions load")
+        raise ConfigError(
+            f"the Dagster graph was built for the ladder {built}, this run asks for {asked}: set KILN_OVERRIDES to the run's overrides before the definitions load"
+        )
 
 
-def materialize_all(overrides: list[str] | None = None, select: list[str] | None = None, everything: bool = False, job: str | None = None) -> bool:
+def materialize_all(
+    overrides: list[str] | None = None,
+    select: list[str] | None = None,
+    everything: bool = False,
+    job: str | None = None,
+) -> bool:
     """The main job by default (raw images to an evaluated checkpoint); `select` names assets; `everything` adds the branches."""
     resource = KilnResource(overrides=list(overrides or []), data_dir=str(data_dir()))
     cfg = resource.config()  # a config that cannot run fails here, before any asset
-    os.environ["KILN_OVERRIDES"] = shlex.join(resource.overrides)  # the graph (its ladder, its code versions) is this profile's
+    os.environ["KILN_OVERRIDES"] = shlex.join(
+        resource.overrides
+    )  # the graph (its ladder, its code versions) is this profile's
     check_graph_profile(cfg)
     check_source([u for u in source_uris(cfg.data.source) if u != "demo"])  # and so does a source that cannot be read
-    logging.getLogger().setLevel(logging.WARNING)  # one line per asset says it (progress.py); details stay in the event log
+    logging.getLogger().setLevel(
+        logging.WARNING
+    )  # one line per asset says it (progress.py); details stay in the event log
     chosen = job_for(select, everything, job)  # an unknown job or asset is refused before anything is created
     dagster_home()
     result = chosen.execute_in_process(
-        run_config={"resources": {"kiln": {"config": {"overrides": resource.overrides, "data_dir": resource.data_dir}}}, **QUIET_CONSOLE},
+        run_config={
+            "resources": {"kiln": {"config": {"overrides": resource.overrides, "data_dir": resource.data_dir}}},
+            **QUIET_CONSOLE,
+        },
         instance=dg.DagsterInstance.get(),
         tags={"kiln/entry": "kiln run"},
         raise_on_error=False,
     )
     if not result.success and select and (left_out := unselected_parents(select)):
         reads = "; ".join(f"{k} reads {', '.join(v)}" for k, v in left_out.items())
-        print(f"kiln run: --select runs only the assets it names ({reads}): add any of those not yet materialized to --select")
+        print(
+            f"kiln run: --select runs only the assets it names ({reads}): add any of those not yet materialized to --select"
+        )
     failed_checks = [c for c in result.get_asset_check_evaluations() if not c.passed]
     for c in failed_checks:
         print(f"asset check failed: {c.asset_key.to_user_string()} {c.check_name}")

@@ -13,7 +13,11 @@ from slurm.state import jobs_named
 JOB_ASSETS = {"kiln-train": "checkpoint"}
 
 
-@dg.sensor(minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.STOPPED, description="squeue for kiln-* jobs; observations on the assets they build")
+@dg.sensor(
+    minimum_interval_seconds=30,
+    default_status=dg.DefaultSensorStatus.STOPPED,
+    description="squeue for kiln-* jobs; observations on the assets they build",
+)
 def slurm_jobs(context: dg.SensorEvaluationContext) -> dg.SensorResult:
     seen: dict[str, str] = json.loads(context.cursor or "{}")
     events = []
@@ -21,7 +25,17 @@ def slurm_jobs(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         if seen.get(jid) == st.state or name not in JOB_ASSETS:
             continue
         seen[jid] = st.state
-        events.append(dg.AssetObservation(asset_key=JOB_ASSETS[name], metadata={"slurm_job_id": jid, "slurm_state": st.state, "slurm_nodes": st.nodes, "slurm_reason": st.reason}))
+        events.append(
+            dg.AssetObservation(
+                asset_key=JOB_ASSETS[name],
+                metadata={
+                    "slurm_job_id": jid,
+                    "slurm_state": st.state,
+                    "slurm_nodes": st.nodes,
+                    "slurm_reason": st.reason,
+                },
+            )
+        )
     return dg.SensorResult(asset_events=events, cursor=json.dumps(seen, sort_keys=True))
 
 
@@ -44,10 +58,16 @@ def observe_source(instance: dg.DagsterInstance, kiln: KilnResource) -> dg.Asset
     result = observe_listing(kiln)
     if result.data_version is None or result.data_version.value == recorded_source_version(instance):
         return None
-    return dg.AssetObservation(asset_key="raw_images", tags={"dagster/data_version": result.data_version.value}, metadata=result.metadata)
+    return dg.AssetObservation(
+        asset_key="raw_images", tags={"dagster/data_version": result.data_version.value}, metadata=result.metadata
+    )
 
 
-@dg.sensor(minimum_interval_seconds=300, default_status=dg.DefaultSensorStatus.STOPPED, description="lists data.source; an observation on raw_images when its version changed (downstream turns stale)")
+@dg.sensor(
+    minimum_interval_seconds=300,
+    default_status=dg.DefaultSensorStatus.STOPPED,
+    description="lists data.source; an observation on raw_images when its version changed (downstream turns stale)",
+)
 def source_changes(context: dg.SensorEvaluationContext, kiln: KilnResource) -> dg.SensorResult:
     observation = observe_source(context.instance, kiln)
     return dg.SensorResult(asset_events=[observation] if observation else [])

@@ -33,21 +33,39 @@ DEFAULT_METRICS = ["heldout_loss.mean", "prompt_following.all", "prompt_followin
 class Variant(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = Field(pattern=NAME)
-    overrides: list[Override] = Field(default_factory=list, max_length=256, description="Hydra overrides on top of the plan's base")
+    overrides: list[Override] = Field(
+        default_factory=list, max_length=256, description="Hydra overrides on top of the plan's base"
+    )
 
 
 class AblationPlan(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    name: str = Field(pattern=NAME, description="names the experiments (<name>-<variant>-s<seed>) and the output folder")
+    name: str = Field(
+        pattern=NAME, description="names the experiments (<name>-<variant>-s<seed>) and the output folder"
+    )
     description: str = ""
     base: list[Override] = Field(default_factory=list, max_length=256, description="overrides every variant gets first")
     variants: list[Variant] = Field(min_length=2, max_length=64)
     baseline: str | None = Field(None, description="the variant deltas are taken against; default the first")
-    seeds: list[Annotated[int, Field(ge=0, le=SEED_MAX)]] = Field(default_factory=lambda: [0], min_length=1, max_length=32)
-    seed_keys: list[str] = Field(default_factory=lambda: ["train.seed"], min_length=1, max_length=8, description="keys each seed is written to")
-    target: str = Field("evaluation", pattern=r"^[A-Za-z0-9_./:@-]+$", description="the DVC stage every experiment runs to")
-    metrics_file: str = Field("data/eval/headline.json", description="what the target writes (a metrics file dvc.yaml lists); one protocol for every variant")
-    metrics: list[str] = Field(default_factory=lambda: list(DEFAULT_METRICS), min_length=1, max_length=64, description="dotted keys of the metrics file")
+    seeds: list[Annotated[int, Field(ge=0, le=SEED_MAX)]] = Field(
+        default_factory=lambda: [0], min_length=1, max_length=32
+    )
+    seed_keys: list[str] = Field(
+        default_factory=lambda: ["train.seed"], min_length=1, max_length=8, description="keys each seed is written to"
+    )
+    target: str = Field(
+        "evaluation", pattern=r"^[A-Za-z0-9_./:@-]+$", description="the DVC stage every experiment runs to"
+    )
+    metrics_file: str = Field(
+        "data/eval/headline.json",
+        description="what the target writes (a metrics file dvc.yaml lists); one protocol for every variant",
+    )
+    metrics: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_METRICS),
+        min_length=1,
+        max_length=64,
+        description="dotted keys of the metrics file",
+    )
 
     @model_validator(mode="after")
     def _names(self) -> AblationPlan:
@@ -69,7 +87,11 @@ class AblationPlan(BaseModel):
         `++` (set or add): a lean conf/ leaves a key at its schema default out, and Hydra refuses a plain
         override of a key it does not have."""
         order = sorted(self.variants, key=lambda v: v.name != self.baseline_name)
-        return [(v, s, f"{self.name}-{v.name}-s{s}", [*self.base, *v.overrides, *(f"++{k}={s}" for k in self.seed_keys)]) for v in order for s in self.seeds]
+        return [
+            (v, s, f"{self.name}-{v.name}-s{s}", [*self.base, *v.overrides, *(f"++{k}={s}" for k in self.seed_keys)])
+            for v in order
+            for s in self.seeds
+        ]
 
 
 class _UniqueKeyLoader(__import__("yaml").SafeLoader):
@@ -98,7 +120,10 @@ def load_plan(path: Path) -> AblationPlan:
     try:
         return AblationPlan.model_validate(raw)
     except ValidationError as e:
-        lines = [f"  {'.'.join(str(p) for p in err['loc']) or '(plan)'}: {err['msg'].removeprefix('Value error, ')}" for err in e.errors()]
+        lines = [
+            f"  {'.'.join(str(p) for p in err['loc']) or '(plan)'}: {err['msg'].removeprefix('Value error, ')}"
+            for err in e.errors()
+        ]
         raise UserError(f"invalid ablation plan {path}:\n" + "\n".join(lines)) from None
 
 
@@ -111,9 +136,15 @@ def check_plan(plan: AblationPlan, root: Path) -> None:
 
     from kiln.config import ConfigError, load_config
 
-    stages = (yaml.safe_load((root / "dvc.yaml").read_text()) or {}).get("stages", {}) if (root / "dvc.yaml").is_file() else {}
+    stages = (
+        (yaml.safe_load((root / "dvc.yaml").read_text()) or {}).get("stages", {})
+        if (root / "dvc.yaml").is_file()
+        else {}
+    )
     if plan.target not in stages:
-        raise UserError(f"plan {plan.name}: target stage '{plan.target}' is not in {root / 'dvc.yaml'} (stages: {', '.join(stages) or 'none'})")
+        raise UserError(
+            f"plan {plan.name}: target stage '{plan.target}' is not in {root / 'dvc.yaml'} (stages: {', '.join(stages) or 'none'})"
+        )
     parser = OverridesParser.create()
     for variant, seed, _, overrides in plan.runs():
         where = f"plan {plan.name}, variant {variant.name}"
@@ -127,7 +158,11 @@ def check_plan(plan: AblationPlan, root: Path) -> None:
         try:
             composed = dvc_compose(root, overrides)
         except Exception as e:  # Hydra's and OmegaConf's errors, as `dvc exp run -S` would meet them
-            hint = " (a key conf/ does not set is added with '+': +section.key=value)" if "not in struct" in str(e) and "+" not in str(e) else ""
+            hint = (
+                " (a key conf/ does not set is added with '+': +section.key=value)"
+                if "not in struct" in str(e) and "+" not in str(e)
+                else ""
+            )
             raise UserError(f"{where}: DVC's Hydra composition refuses {overrides}: {e}{hint}") from None
         try:
             load_config(overrides)
@@ -146,11 +181,20 @@ def dvc_compose(root: Path, overrides: list[str]) -> dict:
     with Repo(str(root)) as repo:
         hydra = repo.config.get("hydra", {})
     if not hydra.get("enabled"):
-        raise UserError(f"{root}/.dvc/config: Hydra is not enabled (dvc config hydra.enabled true), so `-S` would not compose conf/")
+        raise UserError(
+            f"{root}/.dvc/config: Hydra is not enabled (dvc config hydra.enabled true), so `-S` would not compose conf/"
+        )
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Hydra's version_base notice, which dvc triggers
         out = Path(tmp) / "params.yaml"
-        compose_and_dump(out, str(root / hydra.get("config_dir", "conf")), None, hydra.get("config_name", "config"), str(root / hydra.get("plugins_path", "")), overrides)
+        compose_and_dump(
+            out,
+            str(root / hydra.get("config_dir", "conf")),
+            None,
+            hydra.get("config_name", "config"),
+            str(root / hydra.get("plugins_path", "")),
+            overrides,
+        )
         return yaml.safe_load(out.read_text()) or {}
 
 
@@ -158,16 +202,26 @@ def _dvc(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProc
     dvc = shutil.which("dvc", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     if dvc is None:
         raise UserError("dvc is not installed (pip install dvc)")
-    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {
+        **os.environ,
+        "DVC_NO_ANALYTICS": "1",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     proc = subprocess.run([dvc, *args], cwd=root, env=env, capture_output=True, text=True)
     if check and proc.returncode != 0:
-        raise UserError(f"`dvc {' '.join(args)}` failed ({proc.returncode}): {(proc.stderr or proc.stdout).strip()[-2000:]}")
+        raise UserError(
+            f"`dvc {' '.join(args)}` failed ({proc.returncode}): {(proc.stderr or proc.stdout).strip()[-2000:]}"
+        )
     return proc
 
 
 def existing_experiments(root: Path) -> set[str]:
     proc = _dvc(root, "exp", "ls", "--name-only", check=False)
-    return {line.strip() for line in proc.stdout.splitlines() if line.strip() and not line.startswith(" ")} if proc.returncode == 0 else set()
+    return (
+        {line.strip() for line in proc.stdout.splitlines() if line.strip() and not line.startswith(" ")}
+        if proc.returncode == 0
+        else set()
+    )
 
 
 def run_plan(plan: AblationPlan, root: Path, jobs: int = 1, force: bool = False, log=print) -> list[str]:
@@ -175,15 +229,28 @@ def run_plan(plan: AblationPlan, root: Path, jobs: int = 1, force: bool = False,
     runs = plan.runs()
     taken = existing_experiments(root) & {name for *_, name, _ in runs}
     if taken and not force:
-        raise UserError(f"experiments {', '.join(sorted(taken))} already exist on this commit: --force reruns them, or rename the plan")
+        raise UserError(
+            f"experiments {', '.join(sorted(taken))} already exist on this commit: --force reruns them, or rename the plan"
+        )
     for _variant, _seed, name, overrides in runs:
-        args = ["exp", "run", "--queue", "-n", name, *(["-f"] if force else []), *(a for o in overrides for a in ("-S", o)), plan.target]
+        args = [
+            "exp",
+            "run",
+            "--queue",
+            "-n",
+            name,
+            *(["-f"] if force else []),
+            *(a for o in overrides for a in ("-S", o)),
+            plan.target,
+        ]
         _dvc(root, *args)
         log(f"queued {name}: {' '.join(overrides)}")
     log(f"running {len(runs)} experiments ({jobs} at a time); `dvc queue status` and `dvc queue logs NAME` follow them")
     proc = _dvc(root, "exp", "run", "--run-all", "-j", str(jobs), check=False)
     if proc.returncode != 0 or "Failed to reproduce" in proc.stderr + proc.stdout:
-        raise UserError(f"some experiments failed (`dvc queue logs NAME` says why): {(proc.stderr + proc.stdout).strip()[-2000:]}")
+        raise UserError(
+            f"some experiments failed (`dvc queue logs NAME` says why): {(proc.stderr + proc.stdout).strip()[-2000:]}"
+        )
     return [name for *_, name, _ in runs]
 
 
@@ -206,7 +273,9 @@ def collect(plan: AblationPlan, root: Path) -> list[dict]:
             raise UserError(f"experiment {name} is not in `dvc exp show`: did its run fail? (`dvc queue logs {name}`)")
         data = _metrics_of(rev, plan.metrics_file)
         if data is None:
-            raise UserError(f"experiment {name} has no {plan.metrics_file}: does target '{plan.target}' write it, and does dvc.yaml list it under metrics?")
+            raise UserError(
+                f"experiment {name} has no {plan.metrics_file}: does target '{plan.target}' write it, and does dvc.yaml list it under metrics?"
+            )
         row = {"variant": variant.name, "seed": seed, "experiment": name, "overrides": " ".join(overrides)}
         for key in plan.metrics:
             row[key] = _dotted(data, key)
@@ -228,14 +297,18 @@ def _dotted(data: dict, key: str) -> float | None:
     while rest:
         if not isinstance(node, dict):
             return None
-        part = next((k for k in sorted(map(str, node), key=len, reverse=True) if rest == k or rest.startswith(k + ".")), None)
+        part = next(
+            (k for k in sorted(map(str, node), key=len, reverse=True) if rest == k or rest.startswith(k + ".")), None
+        )
         if part is None:
             return None
         node, rest = node[part], rest[len(part) + 1 :]
     return float(node) if isinstance(node, int | float) and not isinstance(node, bool) else None
 
 
-def ablate(plan_path: Path, out: Path | None = None, root: Path | None = None, jobs: int = 1, force: bool = False, log=print) -> dict[str, Path]:
+def ablate(
+    plan_path: Path, out: Path | None = None, root: Path | None = None, jobs: int = 1, force: bool = False, log=print
+) -> dict[str, Path]:
     """Check the plan, run it as DVC experiments, write the comparison; return the written files."""
     from kiln.ablate_report import write_report
 

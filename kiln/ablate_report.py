@@ -19,8 +19,19 @@ def summarize(records: list[dict], metrics: list[str], baseline: str) -> list[di
         for m in metrics:
             vals = [r[m] for r in runs if r.get(m) is not None and math.isfinite(r[m])]
             mean = sum(vals) / len(vals) if vals else None
-            std = math.sqrt(sum((x - mean) ** 2 for x in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0 if vals else None
-            row |= {f"{m}_mean": mean, f"{m}_std": std, f"{m}_min": min(vals, default=None), f"{m}_max": max(vals, default=None)}
+            std = (
+                math.sqrt(sum((x - mean) ** 2 for x in vals) / (len(vals) - 1))
+                if len(vals) > 1
+                else 0.0
+                if vals
+                else None
+            )
+            row |= {
+                f"{m}_mean": mean,
+                f"{m}_std": std,
+                f"{m}_min": min(vals, default=None),
+                f"{m}_max": max(vals, default=None),
+            }
         rows.append(row)
     base = next(r for r in rows if r["variant"] == baseline)
     for row in rows:
@@ -90,14 +101,21 @@ def plot(records: list[dict], rows: list[dict], metrics: list[str], path: Path, 
     return path
 
 
-def write_report(records: list[dict], metrics: list[str], baseline: str, out: Path, title: str, description: str = "") -> dict[str, Path]:
+def write_report(
+    records: list[dict], metrics: list[str], baseline: str, out: Path, title: str, description: str = ""
+) -> dict[str, Path]:
     """comparison.md, comparison.parquet, runs.parquet and comparison.png under out."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     out.mkdir(parents=True, exist_ok=True)
     rows = summarize(records, metrics, baseline)
-    paths = {"markdown": out / "comparison.md", "table": out / "comparison.parquet", "runs": out / "runs.parquet", "plot": out / "comparison.png"}
+    paths = {
+        "markdown": out / "comparison.md",
+        "table": out / "comparison.parquet",
+        "runs": out / "runs.parquet",
+        "plot": out / "comparison.png",
+    }
     paths["markdown"].write_text(markdown(rows, metrics, title, description))
     pq.write_table(pa.Table.from_pylist(rows), paths["table"])
     pq.write_table(pa.Table.from_pylist(records), paths["runs"])

@@ -8,7 +8,9 @@ from pathlib import Path
 
 from kiln.paths import artifact
 
-DDL_LOCK = 7_345_001  # advisory lock key: one process at a time creates kiln's tables (CREATE IF NOT EXISTS races otherwise)
+DDL_LOCK = (
+    7_345_001  # advisory lock key: one process at a time creates kiln's tables (CREATE IF NOT EXISTS races otherwise)
+)
 
 
 def connect(dsn: str, name: str = "kiln"):

@@ -61,7 +61,9 @@ def format_value(value: Any) -> str:
     if isinstance(value, float):
         return ("inf" if value > 0 else "-inf") if math.isinf(value) else "nan" if math.isnan(value) else repr(value)
     if isinstance(value, str):
-        return "'" + re.sub(r"(\\+)(?='|$)", r"\1\1", value).replace("'", "\\'") + "'"  # Hydra doubles only backslashes before a quote
+        return (
+            "'" + re.sub(r"(\\+)(?='|$)", r"\1\1", value).replace("'", "\\'") + "'"
+        )  # Hydra doubles only backslashes before a quote
     if isinstance(value, list | tuple):
         return "[" + ", ".join(format_value(v) for v in value) + "]"
     if isinstance(value, dict):

@@ -18,7 +18,9 @@ from kiln.config import KilnConfig, load_config
 
 # the asset the ladder ends in, and the train set evaluation reads its held-out rows from (the first rung's)
 FINAL = "checkpoint"
-MERGED = "checkpoint_merged"  # the merge of the domain SFT rungs (training/post/merge.py), when `ladder.domains` has any
+MERGED = (
+    "checkpoint_merged"  # the merge of the domain SFT rungs (training/post/merge.py), when `ladder.domains` has any
+)
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,11 @@ def train_set_overrides(rung: Rung, user: list[str], data_root: str, cfg: KilnCo
     """The pack stage's overrides for a rung's train set: its resolution, its mix (rows outside rejected
     `not_in_mix`) and the concept coverage weights. `cfg` is the rung's composed config when the caller has it."""
     cfg = cfg or load_config(rung_base(rung, user))
-    out = [*rung_base(rung, user), f"data.pack.resolution={cfg.train.resolution or cfg.data.pack.resolution}", f"data.pack.weights_file={data_root}/coverage/weights.parquet"]
+    out = [
+        *rung_base(rung, user),
+        f"data.pack.resolution={cfg.train.resolution or cfg.data.pack.resolution}",
+        f"data.pack.weights_file={data_root}/coverage/weights.parquet",
+    ]
     if cfg.train.mix:
         out.append(f"data.pack.mix_file={data_root}/mixes/{cfg.train.mix}/part-00000.parquet")
     return out

@@ -93,7 +93,9 @@ class VersionInputs:
 
     files: tuple[str, ...]  # code files, then the files outside the data root it reads (conf/train/*.yaml)
     params: tuple[str, ...]  # config sections: their values, composed under the profile, version it
-    call: tuple[str, ...]  # its own arguments: positional, the paths it reads, options, its rung's overrides (DATA_ROOT: the root)
+    call: tuple[
+        str, ...
+    ]  # its own arguments: positional, the paths it reads, options, its rung's overrides (DATA_ROOT: the root)
 
 
 def node_code_files(node: Node) -> tuple[str, ...]:

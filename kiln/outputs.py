@@ -69,7 +69,9 @@ def read_marker(folder: Path) -> dict | None:
         return None
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise ChecksumError(f"{path}: unreadable kiln output marker ({e})") from e
-    if not (isinstance(marker, dict) and isinstance(marker.get("stage"), str) and isinstance(marker.get("sha256"), dict)):
+    if not (
+        isinstance(marker, dict) and isinstance(marker.get("stage"), str) and isinstance(marker.get("sha256"), dict)
+    ):
         raise ChecksumError(f"{path}: not a kiln output marker (needs 'stage' and 'sha256')")
     return marker
 
@@ -141,9 +143,15 @@ def check_output(output: Path | str, input_path: Path | str | None = None, overw
         raise OutputError(f"the output {output} exists and is not a folder; remove it or pass --overwrite")
     foreign = foreign_entries(output)
     if foreign:
-        what = "holds files kiln did not write" if is_kiln_output(output) else f"is not a kiln stage output (it has no {MARKER})"
+        what = (
+            "holds files kiln did not write"
+            if is_kiln_output(output)
+            else f"is not a kiln stage output (it has no {MARKER})"
+        )
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        raise OutputError(f"the output {output} {what} ({shown}); move them away or pass --overwrite to replace the folder")
+        raise OutputError(
+            f"the output {output} {what} ({shown}); move them away or pass --overwrite to replace the folder"
+        )
 
 
 # ------------------------------------------------------------------------------------------- swap
@@ -197,7 +205,9 @@ def recorded_checksums(dataset: Path) -> dict[str, str] | None:
     if marker is None:
         return None
     prefix = dataset.name + "/"
-    sums = {k[len(prefix) :]: v for k, v in marker["sha256"].items() if k.startswith(prefix) and "/" not in k[len(prefix) :]}
+    sums = {
+        k[len(prefix) :]: v for k, v in marker["sha256"].items() if k.startswith(prefix) and "/" not in k[len(prefix) :]
+    }
     return sums or None
 
 
@@ -223,7 +233,10 @@ def read_shard(path: Path, sha256: str | None) -> pa.Table:
     return pq.read_table(pa.BufferReader(data))
 
 
-VOLATILE_FILES = ("metrics.jsonl", "throughput.json")  # wall-clock records: on disk, outside every content hash (.dvcignore)
+VOLATILE_FILES = (
+    "metrics.jsonl",
+    "throughput.json",
+)  # wall-clock records: on disk, outside every content hash (.dvcignore)
 
 
 def output_hash(folder: Path | str) -> str:
@@ -238,6 +251,8 @@ def output_hash(folder: Path | str) -> str:
             if f in VOLATILE_FILES:
                 continue
             p = Path(root) / f
-            entries.append({"md5": hashlib.md5(p.read_bytes()).hexdigest(), "relpath": p.relative_to(folder).as_posix()})
+            entries.append(
+                {"md5": hashlib.md5(p.read_bytes()).hexdigest(), "relpath": p.relative_to(folder).as_posix()}
+            )
     entries.sort(key=lambda e: e["relpath"])
     return hashlib.md5(json.dumps(entries, sort_keys=True).encode("utf-8")).hexdigest() + ".dir"

@@ -116,30 +116,80 @@ def asset_of(path: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ the graph
-def _stage(key: str, stage: str, upstream: str, group: str, suite: str, params: tuple[str, ...], reads_path: str | None = None, **kw) -> Node:
-    return Node(key, "stage", (("input", (reads_path or upstream,)),), params, group, f"`kiln stage {stage}` over {upstream}: kept rows + rejected rows with reasons.",
-                positional=(stage,), code=(STAGE_MODULES[stage],), suite=suite, page="stage", kinds=("python", "parquet"), **kw)  # fmt: skip
+def _stage(
+    key: str,
+    stage: str,
+    upstream: str,
+    group: str,
+    suite: str,
+    params: tuple[str, ...],
+    reads_path: str | None = None,
+    **kw,
+) -> Node:
+    return Node(
+        key,
+        "stage",
+        (("input", (reads_path or upstream,)),),
+        params,
+        group,
+        f"`kiln stage {stage}` over {upstream}: kept rows + rejected rows with reasons.",
+        positional=(stage,),
+        code=(STAGE_MODULES[stage],),
+        suite=suite,
+        page="stage",
+        kinds=("python", "parquet"),
+        **kw,
+    )
 
 
 def curation_nodes(cfg) -> list[Node]:
     """The main chain of data steps: each reads its upstream's kept rows; nothing beside it feeds training."""
     truth = [cfg.data.caption.truth] if cfg.data.caption.captioner == "scene_metadata" else []
     in_data = [t for t in truth if t.startswith("data/")]  # the demo's ground truth, written beside its corpus
-    truth_reads = {"reads": tuple(t.removeprefix("data/") for t in in_data), "files": tuple(t for t in truth if t not in in_data)}
+    truth_reads = {
+        "reads": tuple(t.removeprefix("data/") for t in in_data),
+        "files": tuple(t for t in truth if t not in in_data),
+    }
     return [
-        _stage("manifest", "ingest", "raw_images", "curation", "manifest", ("data.ingest",), reads_path="source/listing.parquet"),
+        _stage(
+            "manifest",
+            "ingest",
+            "raw_images",
+            "curation",
+            "manifest",
+            ("data.ingest",),
+            reads_path="source/listing.parquet",
+        ),
         _stage("filtered", "filter", "manifest", "curation", "filtered", ("data.filters",)),
         _stage("deduped", "dedup", "filtered", "curation", "deduped", ("data.dedup",)),
         _stage("embedded", "embed", "deduped", "curation_models", "embedded", ("data.embed",)),
         _stage("classified", "classify", "embedded", "curation_models", "embedded", ("data.classify",)),
         _stage("saed", "sae", "classified", "curation_models", "embedded", ("data.sae",)),
-        _stage("clustered", "cluster", "saed", "curation_models", "clustered", ("data.clustering", "data.caption"), **truth_reads),
-        _stage("semdeduped", "semdedup", "clustered", "curation_models", "deduped", ("data.clustering.semdedup_threshold",)),
+        _stage(
+            "clustered",
+            "cluster",
+            "saed",
+            "curation_models",
+            "clustered",
+            ("data.clustering", "data.caption"),
+            **truth_reads,
+        ),
+        _stage(
+            "semdeduped", "semdedup", "clustered", "curation_models", "deduped", ("data.clustering.semdedup_threshold",)
+        ),
         _stage("ocr", "ocr", "semdeduped", "captions", "ocred", ("data.ocr",)),
         _stage("text_filtered", "text_filter", "ocr", "captions", "ocred", ("data.ocr",)),
-        _stage("captioned", "caption_ocr", "text_filtered", "captions", "ocr_captioned", ("data.caption", "data.ocr.engine"), **truth_reads),
+        _stage(
+            "captioned",
+            "caption_ocr",
+            "text_filtered",
+            "captions",
+            "ocr_captioned",
+            ("data.caption", "data.ocr.engine"),
+            **truth_reads,
+        ),
         _stage("rewritten", "rewrite", "captioned", "captions", "rewritten", ("data.rewrite",)),
-    ]  # fmt: skip
+    ]
 
 
 def train_files(name: str) -> list[str]:
@@ -156,21 +206,53 @@ def train_files(name: str) -> list[str]:
 
 # What `kiln train` and `kiln eval` read: `dvc exp run -S train.steps=50` must rerun them.
 TRAIN_PARAMS = ("model", "train", "ladder", "data.rewrite.form_probs")
-EVAL_PARAMS = ("train.eval", "train.sample", "train.timestep_shift", "train.timestep_max_shift", "metrics", "post.judge", "post.eval_prompts")
+EVAL_PARAMS = (
+    "train.eval",
+    "train.sample",
+    "train.timestep_shift",
+    "train.timestep_max_shift",
+    "metrics",
+    "post.judge",
+    "post.eval_prompts",
+)
 
 
 def rung_nodes(r: Rung) -> list[Node]:
     """A rung's train set (the pack stage over rewritten at the rung's resolution and mix) and its checkpoint
     (the trainer on it, from the previous rung's weights)."""
     group, files = ("post_training" if r.domain else "training"), tuple(train_files(r.train))
-    pack = Node(r.train_set, "stage", (("input", ("rewritten",)),), ("data.pack", "ladder", "train"), group,
-                f"`kiln stage pack` over rewritten for the {r.name} rung: its resolution, its mix, the coverage weights; packed by aspect bucket.",
-                positional=("pack",), code=(STAGE_MODULES["pack"],), files=files, reads=("coverage", "mixes"), rung=r, wiring="train_set", suite="train_set", page="stage",
-                kinds=("python", "parquet"))  # fmt: skip
+    pack = Node(
+        r.train_set,
+        "stage",
+        (("input", ("rewritten",)),),
+        ("data.pack", "ladder", "train"),
+        group,
+        f"`kiln stage pack` over rewritten for the {r.name} rung: its resolution, its mix, the coverage weights; packed by aspect bucket.",
+        positional=("pack",),
+        code=(STAGE_MODULES["pack"],),
+        files=files,
+        reads=("coverage", "mixes"),
+        rung=r,
+        wiring="train_set",
+        suite="train_set",
+        page="stage",
+        kinds=("python", "parquet"),
+    )
     start = f", from {r.start}'s weights" if r.start else ""
-    ckpt = Node(r.checkpoint, "train", (("data", (r.train_set,)),), TRAIN_PARAMS, group,
-                f"The {r.name} rung: the trainer on {r.train_set} (conf/train/{r.train}.yaml{' + overrides' if r.overrides else ''}){start}.",
-                files=files, reads=(r.start,) if r.start else (), rung=r, wiring="checkpoint", page="checkpoint", kinds=("pytorch", "safetensors"))  # fmt: skip
+    ckpt = Node(
+        r.checkpoint,
+        "train",
+        (("data", (r.train_set,)),),
+        TRAIN_PARAMS,
+        group,
+        f"The {r.name} rung: the trainer on {r.train_set} (conf/train/{r.train}.yaml{' + overrides' if r.overrides else ''}){start}.",
+        files=files,
+        reads=(r.start,) if r.start else (),
+        rung=r,
+        wiring="checkpoint",
+        page="checkpoint",
+        kinds=("pytorch", "safetensors"),
+    )
     return [pack, ckpt]
 
 
@@ -179,15 +261,42 @@ def training_nodes(cfg) -> list[Node]:
     last, eval_set = ladder[-1], ladder[0].train_set  # the first rung's held-out rows: no rung trained on them
     return [
         *(n for r in ladder for n in rung_nodes(r)),
-        Node(FINAL, "pma", (("run", (last.checkpoint,)),), ("ladder", "train.pma_k"), "training",
-             f"The model: PMA, the average of {last.checkpoint}'s last train.pma_k step checkpoints (in place of an EMA).",
-             files=tuple(train_files(last.train)), rung=last, wiring="last_rung", page="final_checkpoint", kinds=("pytorch", "safetensors")),
-        Node("samples", "sample", (("checkpoint", (FINAL,)),), ("train.sample",), "evaluation", "A grid of samples per demo prompt from the checkpoint.",
-             page="samples", kinds=("pytorch", "image")),
-        Node("evaluation", "eval", (("checkpoint", (FINAL,)), ("data", (eval_set,))), EVAL_PARAMS, "evaluation",
-             f"Held-out flow loss on {eval_set}'s held-out rows, prompt following vs an untrained model, throughput.",
-             page="evaluation", kinds=("pytorch",), extra_outs=(cfg.metrics.history,) if cfg.metrics.history else (), out_root="eval"),
-    ]  # fmt: skip
+        Node(
+            FINAL,
+            "pma",
+            (("run", (last.checkpoint,)),),
+            ("ladder", "train.pma_k"),
+            "training",
+            f"The model: PMA, the average of {last.checkpoint}'s last train.pma_k step checkpoints (in place of an EMA).",
+            files=tuple(train_files(last.train)),
+            rung=last,
+            wiring="last_rung",
+            page="final_checkpoint",
+            kinds=("pytorch", "safetensors"),
+        ),
+        Node(
+            "samples",
+            "sample",
+            (("checkpoint", (FINAL,)),),
+            ("train.sample",),
+            "evaluation",
+            "A grid of samples per demo prompt from the checkpoint.",
+            page="samples",
+            kinds=("pytorch", "image"),
+        ),
+        Node(
+            "evaluation",
+            "eval",
+            (("checkpoint", (FINAL,)), ("data", (eval_set,))),
+            EVAL_PARAMS,
+            "evaluation",
+            f"Held-out flow loss on {eval_set}'s held-out rows, prompt following vs an untrained model, throughput.",
+            page="evaluation",
+            kinds=("pytorch",),
+            extra_outs=(cfg.metrics.history,) if cfg.metrics.history else (),
+            out_root="eval",
+        ),
+    ]
 
 
 def post_nodes(cfg) -> list[Node]:
@@ -195,28 +304,79 @@ def post_nodes(cfg) -> list[Node]:
     Diffusion-DPO, Flow-GRPO from DPO, then the few-step TDM student from GRPO."""
     domains, base = [r for r in all_rungs(cfg) if r.domain], post_base(cfg)
     g, ckpt = "post_training", ("pytorch", "safetensors")
-    merged = [
-        Node(MERGED, "merge-domains", (("base", (FINAL,)), ("source", tuple(r.checkpoint for r in domains))), ("post.merge", "ladder", "train.eval", "train.sample"), g,
-             f"The merge of {', '.join(r.checkpoint for r in domains)} against `checkpoint` (post.merge: method, weights, density, and a search over "
-             "candidate weights); per-domain scores of every domain SFT, the base and the merge first.",
-             code=("training.post.merge",), page="merged", kinds=ckpt),
-    ] if domains else []  # fmt: skip
+    merged = (
+        [
+            Node(
+                MERGED,
+                "merge-domains",
+                (("base", (FINAL,)), ("source", tuple(r.checkpoint for r in domains))),
+                ("post.merge", "ladder", "train.eval", "train.sample"),
+                g,
+                f"The merge of {', '.join(r.checkpoint for r in domains)} against `checkpoint` (post.merge: method, weights, density, and a search over "
+                "candidate weights); per-domain scores of every domain SFT, the base and the merge first.",
+                code=("training.post.merge",),
+                page="merged",
+                kinds=ckpt,
+            ),
+        ]
+        if domains
+        else []
+    )
     return [
         *(n for r in domains for n in rung_nodes(r)),
         *merged,
-        Node("preference_pairs", "pairs", (("checkpoint", (base,)),), ("post", "train.sample"), g,
-             f"On-policy preference pairs: K samples per prompt from `{base}`, scored by the reward mix (post.rewards); best vs worst above post.pair_margin.",
-             page="report", kinds=("pytorch", "parquet")),
-        Node("reward_model", "reward-model", (("pairs", ("preference_pairs",)),), ("data.embed",), g,
-             "The aesthetic reward model: a Bradley-Terry head on the image embedder, fit on the pairs; held-out pair accuracy first.", page="reward_model", kinds=("numpy",)),
-        Node("checkpoint_dpo", "dpo", (("checkpoint", (base,)), ("pairs", ("preference_pairs",))), ("post",), g,
-             f"Diffusion-DPO from `{base}` on the pairs, with the divergence guard; prompt following before/after first.", page="dpo", kinds=ckpt),
-        Node("checkpoint_grpo", "grpo", (("checkpoint", ("checkpoint_dpo",)),), ("post",), g,
-             "Flow-GRPO from `checkpoint_dpo` on the reward mix, without CFG; prompt following before/after and reward means first.", page="grpo", kinds=ckpt),
-        Node("checkpoint_student", "distill", (("checkpoint", ("checkpoint_grpo",)),), ("post",), g,
-             "The few-step student: TDM distillation of `checkpoint_grpo` (post.distill), sampled with its own steps and no CFG; the student against "
-             "the teacher at its own steps and the teacher sampled naively with the student's steps, first.", page="student", kinds=ckpt),
-    ]  # fmt: skip
+        Node(
+            "preference_pairs",
+            "pairs",
+            (("checkpoint", (base,)),),
+            ("post", "train.sample"),
+            g,
+            f"On-policy preference pairs: K samples per prompt from `{base}`, scored by the reward mix (post.rewards); best vs worst above post.pair_margin.",
+            page="report",
+            kinds=("pytorch", "parquet"),
+        ),
+        Node(
+            "reward_model",
+            "reward-model",
+            (("pairs", ("preference_pairs",)),),
+            ("data.embed",),
+            g,
+            "The aesthetic reward model: a Bradley-Terry head on the image embedder, fit on the pairs; held-out pair accuracy first.",
+            page="reward_model",
+            kinds=("numpy",),
+        ),
+        Node(
+            "checkpoint_dpo",
+            "dpo",
+            (("checkpoint", (base,)), ("pairs", ("preference_pairs",))),
+            ("post",),
+            g,
+            f"Diffusion-DPO from `{base}` on the pairs, with the divergence guard; prompt following before/after first.",
+            page="dpo",
+            kinds=ckpt,
+        ),
+        Node(
+            "checkpoint_grpo",
+            "grpo",
+            (("checkpoint", ("checkpoint_dpo",)),),
+            ("post",),
+            g,
+            "Flow-GRPO from `checkpoint_dpo` on the reward mix, without CFG; prompt following before/after and reward means first.",
+            page="grpo",
+            kinds=ckpt,
+        ),
+        Node(
+            "checkpoint_student",
+            "distill",
+            (("checkpoint", ("checkpoint_grpo",)),),
+            ("post",),
+            g,
+            "The few-step student: TDM distillation of `checkpoint_grpo` (post.distill), sampled with its own steps and no CFG; the student against "
+            "the teacher at its own steps and the teacher sampled naively with the student's steps, first.",
+            page="student",
+            kinds=ckpt,
+        ),
+    ]
 
 
 def branch_nodes(cfg) -> list[Node]:
@@ -224,46 +384,117 @@ def branch_nodes(cfg) -> list[Node]:
     return [
         _stage("prompt_pairs", "prompt_pairs", "rewritten", "captions", "prompt_pairs", ("data.rewrite",)),
         _stage("user_prompts", "user_prompts", "prompt_pairs", "captions", "prompt_pairs", ("data.user_prompts",)),
-        Node("expander_sft", "expander-sft", (("pairs", ("user_prompts",)), ("checkpoint", (FINAL,))), ("expander",), "expander",
-             "The prompt expander after SFT on (user prompt -> long caption), loss on the caption only; faithfulness, prompt following short vs "
-             "expanded and diversity first.", options=(("evaluate", True),), page="expander", kinds=("pytorch", "safetensors")),
-        Node("expander_rl", "expander-rl", (("sft", ("expander_sft",)), ("checkpoint", (FINAL,))), ("expander",), "expander",
-             "The prompt expander after GDPO (faithfulness, image and diversity rewards; safety gate) from expander_sft; the same evaluation first.",
-             options=(("evaluate", True),), page="expander", kinds=("pytorch", "safetensors")),
-        Node("checkpoint_style", "style-train", (("checkpoint", (FINAL,)),), ("model.reference", "style"), "style",
-             "`checkpoint` with style references (model.reference), trained on same-style-family pairs (style); transfer accuracy and leakage per strength first.",
-             options=(("evaluate", True),), page="style", kinds=("pytorch", "safetensors")),
-    ]  # fmt: skip
+        Node(
+            "expander_sft",
+            "expander-sft",
+            (("pairs", ("user_prompts",)), ("checkpoint", (FINAL,))),
+            ("expander",),
+            "expander",
+            "The prompt expander after SFT on (user prompt -> long caption), loss on the caption only; faithfulness, prompt following short vs "
+            "expanded and diversity first.",
+            options=(("evaluate", True),),
+            page="expander",
+            kinds=("pytorch", "safetensors"),
+        ),
+        Node(
+            "expander_rl",
+            "expander-rl",
+            (("sft", ("expander_sft",)), ("checkpoint", (FINAL,))),
+            ("expander",),
+            "expander",
+            "The prompt expander after GDPO (faithfulness, image and diversity rewards; safety gate) from expander_sft; the same evaluation first.",
+            options=(("evaluate", True),),
+            page="expander",
+            kinds=("pytorch", "safetensors"),
+        ),
+        Node(
+            "checkpoint_style",
+            "style-train",
+            (("checkpoint", (FINAL,)),),
+            ("model.reference", "style"),
+            "style",
+            "`checkpoint` with style references (model.reference), trained on same-style-family pairs (style); transfer accuracy and leakage per strength first.",
+            options=(("evaluate", True),),
+            page="style",
+            kinds=("pytorch", "safetensors"),
+        ),
+    ]
 
 
 def source_nodes(cfg) -> list[Node]:
     """The source, observed: in Dagster an observation (its data version is the listing's hash) that also
     writes the demo corpus; in DVC the demo corpus is a stage of its own and the listing always reruns."""
     sources = [cfg.data.source] if isinstance(cfg.data.source, str) else list(cfg.data.source or [])
-    demo = [Node("demo_corpus", "demo-data", (), ("data.demo",), "curation", "The procedural demo corpus with its ground truth (data/raw).",
-                 doors=frozenset({"cli", "dvc"}), out_root="raw")] if "demo" in sources else []  # fmt: skip
-    listing = Node("raw_images", "source", (), ("data.source",), "curation",
-                   "The raw images where they are (`data.source`: the demo corpus, a folder, an object-store prefix, WebDataset shards, a .txt or "
-                   "Parquet list), observed: listed with each object's size and version into data/source/listing.parquet. Its data version is the "
-                   "listing's hash, so a new, changed or removed object marks manifest and everything after it stale.",
-                   reads=("raw",) if demo else (), page="source", always_changed=True, out_root="source")  # fmt: skip
+    demo = (
+        [
+            Node(
+                "demo_corpus",
+                "demo-data",
+                (),
+                ("data.demo",),
+                "curation",
+                "The procedural demo corpus with its ground truth (data/raw).",
+                doors=frozenset({"cli", "dvc"}),
+                out_root="raw",
+            )
+        ]
+        if "demo" in sources
+        else []
+    )
+    listing = Node(
+        "raw_images",
+        "source",
+        (),
+        ("data.source",),
+        "curation",
+        "The raw images where they are (`data.source`: the demo corpus, a folder, an object-store prefix, WebDataset shards, a .txt or "
+        "Parquet list), observed: listed with each object's size and version into data/source/listing.parquet. Its data version is the "
+        "listing's hash, so a new, changed or removed object marks manifest and everything after it stale.",
+        reads=("raw",) if demo else (),
+        page="source",
+        always_changed=True,
+        out_root="source",
+    )
     return [*demo, listing]
 
 
 def nodes(cfg) -> list[Node]:
     """Every node of the graph the config describes, upstream first."""
-    return [*source_nodes(cfg), *curation_nodes(cfg), *pool_nodes(cfg), *training_nodes(cfg), *post_nodes(cfg), *branch_nodes(cfg)]
+    return [
+        *source_nodes(cfg),
+        *curation_nodes(cfg),
+        *pool_nodes(cfg),
+        *training_nodes(cfg),
+        *post_nodes(cfg),
+        *branch_nodes(cfg),
+    ]
 
 
 def pool_nodes(cfg) -> list[Node]:
     """Over the captioned pool: concept coverage (sampling weights) and the mixes the rungs train on."""
     return [
-        Node("coverage", "coverage", (("input", ("rewritten",)),), ("data.concepts",), "captions",
-             "Concept coverage of the captions: per-concept counts, sampling weights that raise rare concepts, a plot.",
-             files=(cfg.data.concepts.path,), page="coverage", kinds=("duckdb",)),
-        Node("mixes", "mixes", (("input", ("rewritten",)), ("weights", ("coverage/weights.parquet",))), ("data.mixes",), "captions",
-             "Pretraining, midtraining and SFT mixes as DuckDB queries over the pool, proportions recorded.", page="mixes", kinds=("duckdb", "parquet")),
-    ]  # fmt: skip
+        Node(
+            "coverage",
+            "coverage",
+            (("input", ("rewritten",)),),
+            ("data.concepts",),
+            "captions",
+            "Concept coverage of the captions: per-concept counts, sampling weights that raise rare concepts, a plot.",
+            files=(cfg.data.concepts.path,),
+            page="coverage",
+            kinds=("duckdb",),
+        ),
+        Node(
+            "mixes",
+            "mixes",
+            (("input", ("rewritten",)), ("weights", ("coverage/weights.parquet",))),
+            ("data.mixes",),
+            "captions",
+            "Pretraining, midtraining and SFT mixes as DuckDB queries over the pool, proportions recorded.",
+            page="mixes",
+            kinds=("duckdb", "parquet"),
+        ),
+    ]
 
 
 def node(key: str, cfg) -> Node:
@@ -301,12 +532,18 @@ def run_node(node: Node, data_root, cfg, log=None, **door_options):
     from pathlib import Path
 
     options = {**dict(node.options), **door_options}
-    return call(node.cmd, list(node.positional), node_inputs(node, data_root), Path(data_root) / node.folder, cfg, options, log)
+    return call(
+        node.cmd, list(node.positional), node_inputs(node, data_root), Path(data_root) / node.folder, cfg, options, log
+    )
 
 
 def main_nodes(cfg) -> list[Node]:
     """What `kiln run` makes by default (the `main` job): the source to an evaluated checkpoint."""
-    return [n for n in [*source_nodes(cfg), *curation_nodes(cfg), *pool_nodes(cfg), *training_nodes(cfg)] if "dagster" in n.doors]
+    return [
+        n
+        for n in [*source_nodes(cfg), *curation_nodes(cfg), *pool_nodes(cfg), *training_nodes(cfg)]
+        if "dagster" in n.doors
+    ]
 
 
 def ladder_train_sets(cfg) -> list[Node]:

@@ -1,4 +1,5 @@
 """DuckDB helpers: reproducible connections, and quoting for the names and paths spliced into SQL."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable

@@ -133,7 +133,9 @@ def read_dataset(dataset: Path) -> pa.Table:
     the sha256 its stage recorded."""
     paths = shard_paths(dataset)
     if not paths:
-        raise MissingInput(f"no Parquet shards under {dataset}" + ("" if Path(dataset).exists() else " (no such folder)"))
+        raise MissingInput(
+            f"no Parquet shards under {dataset}" + ("" if Path(dataset).exists() else " (no such folder)")
+        )
     return pa.concat_tables(read_shards(Path(dataset), paths))
 
 
@@ -255,7 +257,12 @@ def input_shards(stage: Stage, input_path: Path | str, cfg: KilnConfig) -> list[
 
 
 def run_stage(
-    name: str, input_path: Path | str, output: Path | str, cfg: KilnConfig, workers: int | None = None, overwrite: bool = False
+    name: str,
+    input_path: Path | str,
+    output: Path | str,
+    cfg: KilnConfig,
+    workers: int | None = None,
+    overwrite: bool = False,
 ) -> Summary:
     """Run one stage from folder to folder in this process (or a pool of `workers`, default `cluster.workers`);
     the output folder is replaced atomically, and only when that deletes nothing kiln did not write (checked
@@ -265,7 +272,9 @@ def run_stage(
     shards = input_shards(stage, input_path, cfg)
     output = Path(output)
     outs = run_on_tables(stage, shards, cfg, workers=cfg.cluster.workers if workers is None else workers)
-    return write_stage_output(stage, sum(s.num_rows for s in shards), outs, output, cfg, input_path=input_path, overwrite=overwrite)
+    return write_stage_output(
+        stage, sum(s.num_rows for s in shards), outs, output, cfg, input_path=input_path, overwrite=overwrite
+    )
 
 
 def write_stage_output(
@@ -303,5 +312,12 @@ def write_stage_output(
         write_shards(split_rows(rejected, cfg.data.ingest.shard_size), tmp / "rejected", REJECTED)
         (tmp / "summary.json").write_text(summary.to_json())
         write_marker(tmp, name)
-    log.info("%s: %d in, %d kept, %d rejected %s", name, summary.input_rows, summary.kept, summary.rejected, summary.by_reason)
+    log.info(
+        "%s: %d in, %d kept, %d rejected %s",
+        name,
+        summary.input_rows,
+        summary.kept,
+        summary.rejected,
+        summary.by_reason,
+    )
     return summary

@@ -80,7 +80,9 @@ class TooLarge(OSError):
     """An object over `max_bytes`; `size` is its size where known before reading, else None."""
 
     def __init__(self, uri: str, size: int | None, max_bytes: int):
-        super().__init__(f"{uri}: {size if size is not None else 'more than ' + str(max_bytes)} bytes, over max_bytes={max_bytes}")
+        super().__init__(
+            f"{uri}: {size if size is not None else 'more than ' + str(max_bytes)} bytes, over max_bytes={max_bytes}"
+        )
         self.size = size
 
 
@@ -132,7 +134,17 @@ class TarEntry(NamedTuple):
 def _member_kind(m: tarfile.TarInfo) -> str:
     if m.isfile():
         return "file"
-    return "symlink" if m.issym() else "hard link" if m.islnk() else "FIFO" if m.isfifo() else "device" if m.isdev() else "special member"
+    return (
+        "symlink"
+        if m.issym()
+        else "hard link"
+        if m.islnk()
+        else "FIFO"
+        if m.isfifo()
+        else "device"
+        if m.isdev()
+        else "special member"
+    )
 
 
 def _entries(tf: tarfile.TarFile) -> dict[str, TarEntry]:
@@ -236,7 +248,9 @@ def _read_checked_member(uri: str, tar_path: str, member: str, offset: int, size
     except tarfile.TarError as e:
         raise OSError(f"{uri}: the shard changed since it was indexed (no tar header before the member: {e})") from e
     if header.size != size or (len(member) <= 100 and header.name != member):  # longer names live in pax / GNU blocks
-        raise OSError(f"{uri}: the shard changed since it was indexed (header says {header.name!r}, {header.size} bytes)")
+        raise OSError(
+            f"{uri}: the shard changed since it was indexed (header says {header.name!r}, {header.size} bytes)"
+        )
     if len(block) < size + tarfile.BLOCKSIZE:
         raise OSError(f"{uri}: tar member truncated ({len(block) - tarfile.BLOCKSIZE} of {size} bytes)")
     return block[tarfile.BLOCKSIZE :]

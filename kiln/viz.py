@@ -13,7 +13,11 @@ from PIL import Image, ImageDraw
 
 
 def _as_image(x: Image.Image | np.ndarray) -> Image.Image:
-    return x.convert("RGB") if isinstance(x, Image.Image) else Image.fromarray(np.asarray(x, dtype=np.uint8)).convert("RGB")
+    return (
+        x.convert("RGB")
+        if isinstance(x, Image.Image)
+        else Image.fromarray(np.asarray(x, dtype=np.uint8)).convert("RGB")
+    )
 
 
 def image_grid(
@@ -64,7 +68,14 @@ def markdown_image(im: Image.Image | bytes, alt: str = "image") -> str:
     return f"![{alt}](data:image/png;base64,{base64.b64encode(data).decode()})"
 
 
-def line_plot(series: dict[str, Sequence[float]], x: Sequence[float] | None = None, title: str = "", xlabel: str = "step", path: Path | None = None, logy: bool = False) -> Image.Image:
+def line_plot(
+    series: dict[str, Sequence[float]],
+    x: Sequence[float] | None = None,
+    title: str = "",
+    xlabel: str = "step",
+    path: Path | None = None,
+    logy: bool = False,
+) -> Image.Image:
     """A small matplotlib line plot (Agg backend), returned as a PIL image and optionally saved."""
     import matplotlib
 
@@ -92,7 +103,13 @@ def line_plot(series: dict[str, Sequence[float]], x: Sequence[float] | None = No
     return im
 
 
-def panel_plot(panels: dict[str, dict[str, Sequence[float | None]]], x: Sequence[float], title: str = "", xlabel: str = "step", path: Path | None = None) -> Image.Image:
+def panel_plot(
+    panels: dict[str, dict[str, Sequence[float | None]]],
+    x: Sequence[float],
+    title: str = "",
+    xlabel: str = "step",
+    path: Path | None = None,
+) -> Image.Image:
     """Side-by-side line plots sharing x, one per quantity with its own y scale (a loss of 0.13 beside an
     accuracy of 0.8 stays readable); every point is marked, so a history of one checkpoint is a visible dot.
     `panels`: {panel title: {series: ys}}, None for a missing value. Matplotlib (Agg): no display, no network."""
@@ -104,7 +121,14 @@ def panel_plot(panels: dict[str, dict[str, Sequence[float | None]]], x: Sequence
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), dpi=100, squeeze=False)
     for ax, (name, series) in zip(axes[0], panels.items(), strict=True):
         for label, ys in series.items():
-            ax.plot(list(x), [float("nan") if y is None else float(y) for y in ys], marker="o", markersize=4, linewidth=1.2, label=label)
+            ax.plot(
+                list(x),
+                [float("nan") if y is None else float(y) for y in ys],
+                marker="o",
+                markersize=4,
+                linewidth=1.2,
+                label=label,
+            )
         ax.set_title(name, fontsize=10)
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
@@ -132,7 +156,9 @@ def placeholder_tile(size: int = 64, text: str = "undecodable") -> Image.Image:
     return im
 
 
-def bar_chart(groups: dict[str, dict[str, float]], title: str = "", ylabel: str = "", ylim: tuple[float, float] | None = None) -> Image.Image:
+def bar_chart(
+    groups: dict[str, dict[str, float]], title: str = "", ylabel: str = "", ylim: tuple[float, float] | None = None
+) -> Image.Image:
     """Grouped bars (matplotlib, Agg: no display, no network): one group per outer key, one bar per series.
     `groups`: {series: {category: value}}, e.g. {"trained": {"color": 0.4}, "untrained": {"color": 0.1}}."""
     import matplotlib

@@ -101,13 +101,18 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.gate_up(x)
-        if torch.compiler.is_compiling():  # inductor fuses the plain form; the hand-written backward's out= would break the graph
+        if (
+            torch.compiler.is_compiling()
+        ):  # inductor fuses the plain form; the hand-written backward's out= would break the graph
             gate, up = h.chunk(2, dim=-1)
             return self.down(F.silu(gate) * up)
         return self.down(_SwiGLUAct.apply(h))
 
     def flops_per_token(self) -> int:
-        return 2 * self.gate_up.in_features * self.gate_up.out_features + 2 * self.down.in_features * self.down.out_features
+        return (
+            2 * self.gate_up.in_features * self.gate_up.out_features
+            + 2 * self.down.in_features * self.down.out_features
+        )
 
 
 def gelu_hidden(width: int, ratio: float = 4.0) -> int:

@@ -112,7 +112,9 @@ class KLAutoencoder:
         return "kl-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def build_autoencoder(kind: str, path: str | None, device: torch.device | str = "cpu") -> PixelAutoencoder | KLAutoencoder:
+def build_autoencoder(
+    kind: str, path: str | None, device: torch.device | str = "cpu"
+) -> PixelAutoencoder | KLAutoencoder:
     if kind == "pixel":
         return PixelAutoencoder(device)
     if kind == "kl":
@@ -141,7 +143,9 @@ class LatentCache:
         if missing:
             fresh = self.ae.encode(images[missing]).cpu()
             for j, i in enumerate(missing):
-                tmp = paths[i].with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")  # ranks and loader threads may race
+                tmp = paths[i].with_suffix(
+                    f".{os.getpid()}.{threading.get_ident()}.tmp"
+                )  # ranks and loader threads may race
                 save_file({"latent": fresh[j].contiguous()}, str(tmp))
                 tmp.replace(paths[i])
         return torch.stack([load_file(str(p))["latent"] for p in paths])

@@ -204,7 +204,9 @@ class DiT(nn.Module):
         self.timestep_tokens = nn.Linear(w, cfg.timestep_tokens * w) if cfg.timestep_tokens else None
         block_modulation = None if cfg.modulation == "none" else cfg.modulation
         self.blocks = nn.ModuleList(
-            Block(w, cfg.heads, cfg.kv_heads, cfg.mlp_hidden, block_modulation, cfg.qk_norm, cfg.gated_attention, cfg.mlp)
+            Block(
+                w, cfg.heads, cfg.kv_heads, cfg.mlp_hidden, block_modulation, cfg.qk_norm, cfg.gated_attention, cfg.mlp
+            )
             for _ in range(cfg.depth)
         )
         modulated = cfg.modulation != "none"
@@ -236,7 +238,9 @@ class DiT(nn.Module):
         for block in self.blocks:
             block.init_weights()
         self.final_norm.reset_parameters()  # affine only under modulation 'none'
-        closing = (self.final_modulation, self.final) if self.pixel_conv is None else (self.final_modulation, self.pixel_conv)
+        closing = (
+            (self.final_modulation, self.final) if self.pixel_conv is None else (self.final_modulation, self.pixel_conv)
+        )
         for m in closing:
             if m is None:
                 continue
@@ -254,7 +258,9 @@ class DiT(nn.Module):
         n = text_len + self.cfg.timestep_tokens + (height // p) * (width // p) + reference_tokens
         return -(-n // m) * m
 
-    def _rope(self, text_len: int, hp: int, wp: int, seq_len: int, device: torch.device, refs: ReferenceTokens | None = None) -> tuple[Tensor, Tensor]:
+    def _rope(
+        self, text_len: int, hp: int, wp: int, seq_len: int, device: torch.device, refs: ReferenceTokens | None = None
+    ) -> tuple[Tensor, Tensor]:
         prefix = text_len + self.cfg.timestep_tokens
         pos = torch.zeros(seq_len, 3, dtype=torch.long, device=device)  # text, timestep and pad tokens at 0
         pos[prefix : prefix + hp * wp] = image_positions(1, hp, wp).to(device)
@@ -263,7 +269,15 @@ class DiT(nn.Module):
             pos[prefix + hp * wp : prefix + hp * wp + len(ref_pos)] = ref_pos
         return rope_angles(pos, self.cfg.width // self.cfg.heads, self.cfg.rope_theta, self.cfg.rope_fraction)
 
-    def forward(self, x: Tensor, t: Tensor, text: Tensor, text_mask: Tensor, refs: ReferenceTokens | None = None, route: TokenRoute | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        t: Tensor,
+        text: Tensor,
+        text_mask: Tensor,
+        refs: ReferenceTokens | None = None,
+        route: TokenRoute | None = None,
+    ) -> Tensor:
         """`refs`: style-reference tokens (model/reference.py), appended after the patches with the logit
         bias log(strength) on their keys; None computes exactly what the DiT computes without the pathway.
         `route` (training only, model/routing.py): the image tokens that skip blocks [route.start, route.end)."""
@@ -316,11 +330,22 @@ class DiT(nn.Module):
             out = velocity_from_clean(x, out, t)
         return out.to(x.dtype)
 
-    def _routed_blocks(self, seq: Tensor, rope: tuple[Tensor, Tensor], key_mask: Tensor, shared: Tensor | None, c: Tensor, route: TokenRoute, image_start: int) -> Tensor:
+    def _routed_blocks(
+        self,
+        seq: Tensor,
+        rope: tuple[Tensor, Tensor],
+        key_mask: Tensor,
+        shared: Tensor | None,
+        c: Tensor,
+        route: TokenRoute,
+        image_start: int,
+    ) -> Tensor:
         """The blocks with `route`'s image tokens leaving before block route.start and rejoining, as they
         left, after block route.end - 1 (TREAD)."""
         if not 0 <= route.start < route.end <= self.cfg.depth:
-            raise ValueError(f"token route blocks [{route.start}, {route.end}) are not inside the DiT's {self.cfg.depth} blocks (train.route.start / end)")
+            raise ValueError(
+                f"token route blocks [{route.start}, {route.end}) are not inside the DiT's {self.cfg.depth} blocks (train.route.start / end)"
+            )
         keep = route.kept_positions(seq.shape[1], image_start, seq.device)
         for i, block in enumerate(self.blocks):
             if i == route.start:

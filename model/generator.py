@@ -71,7 +71,9 @@ class Generator(nn.Module):
         self.__dict__["backbone"] = backbone
         self.__dict__["autoencoder"] = autoencoder
         w = dit_cfg.width
-        self.text_fusion = TextFusion(backbone.hidden_size, w, dit_cfg.heads, dit_cfg.kv_heads, cfg.text_encoder.refiner_layers)
+        self.text_fusion = TextFusion(
+            backbone.hidden_size, w, dit_cfg.heads, dit_cfg.kv_heads, cfg.text_encoder.refiner_layers
+        )
         self.dit = DiT(dit_cfg)
         # the style-reference pathway (model/reference.py) only when enabled: without it the parameters,
         # the state dict and every output are what they were before it existed
@@ -143,7 +145,9 @@ class Generator(nn.Module):
     def flops_per_sample(self, height: int, width: int, training: bool = True) -> int:
         """FLOPs of the trainable network for one sample of input size height x width (latent pixels).
         Training counts forward + backward as 3x forward; the frozen backbone is excluded (it is cached)."""
-        fwd = self.dit.flops_per_sample(self.text_length, height, width) + self.text_fusion.flops_per_sample(self.text_length)
+        fwd = self.dit.flops_per_sample(self.text_length, height, width) + self.text_fusion.flops_per_sample(
+            self.text_length
+        )
         return 3 * fwd if training else fwd
 
     def flops_per_token(self, height: int, width: int, training: bool = True) -> float:

@@ -43,7 +43,16 @@ CLASSICAL_VERSION = "v1"
 
 # block weights: structure first, colour last (the demo's families share their colours); chosen on the
 # demo corpus by k-means purity against its scene families (docs/curation-models.md)
-BLOCK_WEIGHTS = {"colour": 0.2, "orientation": 1.0, "edges": 0.3, "foreground": 0.7, "spectrum": 1.5, "blobs": 2.0, "shape": 2.5, "levels": 1.0}
+BLOCK_WEIGHTS = {
+    "colour": 0.2,
+    "orientation": 1.0,
+    "edges": 0.3,
+    "foreground": 0.7,
+    "spectrum": 1.5,
+    "blobs": 2.0,
+    "shape": 2.5,
+    "levels": 1.0,
+}
 
 
 def _rgb_to_hsv(a: np.ndarray) -> np.ndarray:
@@ -51,7 +60,11 @@ def _rgb_to_hsv(a: np.ndarray) -> np.ndarray:
     d = mx - mn
     s = np.where(mx > 0, d / np.maximum(mx, 1e-6), 0)
     r, g, b = a[..., 0], a[..., 1], a[..., 2]
-    h = np.where(mx == r, (g - b) / np.maximum(d, 1e-6) % 6, np.where(mx == g, (b - r) / np.maximum(d, 1e-6) + 2, (r - g) / np.maximum(d, 1e-6) + 4))
+    h = np.where(
+        mx == r,
+        (g - b) / np.maximum(d, 1e-6) % 6,
+        np.where(mx == g, (b - r) / np.maximum(d, 1e-6) + 2, (r - g) / np.maximum(d, 1e-6) + 4),
+    )
     return np.stack([h / 6.0, s, mx], -1)
 
 
@@ -124,7 +137,9 @@ def classical_descriptor(im: Image.Image, size: int = 64) -> np.ndarray:
     # absolute levels (not normalised away): contrast, sharpness, saturation, brightness
     sharp = np.abs(ndimage.laplace(grey)).mean()
     levels = np.array([grey.std() * 4, sharp * 8, hsv[..., 1].mean(), hsv[..., 2].mean()], np.float32)
-    parts = [BLOCK_WEIGHTS[k] * l2_normalise(v) for k, v in blocks.items()] + [BLOCK_WEIGHTS["levels"] * np.minimum(levels, 1.5)]
+    parts = [BLOCK_WEIGHTS[k] * l2_normalise(v) for k, v in blocks.items()] + [
+        BLOCK_WEIGHTS["levels"] * np.minimum(levels, 1.5)
+    ]
     return l2_normalise(np.concatenate(parts))
 
 
@@ -133,7 +148,9 @@ class ClassicalEmbedder:
 
     def __init__(self, size: int = 64):
         self.size = size
-        self.name = f"classical:colour-texture-shape-{CLASSICAL_VERSION}@{size}px (hand-made descriptor, not a learned model)"
+        self.name = (
+            f"classical:colour-texture-shape-{CLASSICAL_VERSION}@{size}px (hand-made descriptor, not a learned model)"
+        )
 
     def embed(self, images: list[Image.Image]) -> np.ndarray:
         if not images:
@@ -170,7 +187,9 @@ class HFEmbedder:
         chunks = []
         with self.torch.inference_mode():
             for i in range(0, len(images), self.batch_size):
-                batch = self.processor(images=[im.convert("RGB") for im in images[i : i + self.batch_size]], return_tensors="pt")
+                batch = self.processor(
+                    images=[im.convert("RGB") for im in images[i : i + self.batch_size]], return_tensors="pt"
+                )
                 chunks.append(self._features(batch["pixel_values"].to(self.device)).float().cpu().numpy())
         return l2_normalise(np.concatenate(chunks)) if chunks else np.zeros((0, 0), np.float32)
 

@@ -120,7 +120,9 @@ class ReferencePathway(nn.Module):
             self.projector = nn.Sequential(nn.Linear(self.encoder.out_dim, width), nn.SiLU(), nn.Linear(width, width))
         else:
             self.__dict__["descriptor"] = FrozenDescriptor(cfg)  # frozen, held by reference: never saved
-            self.projector = nn.Sequential(nn.Linear(self.descriptor.dim, width), nn.SiLU(), nn.Linear(width, self.tokens * width))
+            self.projector = nn.Sequential(
+                nn.Linear(self.descriptor.dim, width), nn.SiLU(), nn.Linear(width, self.tokens * width)
+            )
         self.width = width
         self.init_weights()
 
@@ -137,14 +139,18 @@ class ReferencePathway(nn.Module):
             raise ValueError("every reference needs exactly one strength")
         r = max((len(i) for i in images), default=0)
         if r > self.cfg.max_references:
-            raise ValueError(f"{r} references on one sample; model.reference.max_references is {self.cfg.max_references}")
+            raise ValueError(
+                f"{r} references on one sample; model.reference.max_references is {self.cfg.max_references}"
+            )
         r = max(r, 1)
         side = self.cfg.image_size
         strength = torch.zeros(len(images), r)
         pics = np.zeros((len(images), r, side, side, 3), np.uint8)
         for b, (ims, ss) in enumerate(zip(images, strengths, strict=True)):
             for k, (im, s) in enumerate(zip(ims, ss, strict=True)):
-                pics[b, k] = np.asarray(Image.fromarray(np.asarray(im, np.uint8)).convert("RGB").resize((side, side), Image.BILINEAR))
+                pics[b, k] = np.asarray(
+                    Image.fromarray(np.asarray(im, np.uint8)).convert("RGB").resize((side, side), Image.BILINEAR)
+                )
                 strength[b, k] = float(s)
         check_strengths(strength)
         if self.cfg.encoder == "conv":

@@ -32,7 +32,9 @@ def rotated_dims(head_dim: int, fraction: float = 1.0) -> int:
     return 2 * round(fraction * head_dim / 2)
 
 
-def rope_angles(positions: Tensor, head_dim: int, theta: float = 10_000.0, fraction: float = 1.0) -> tuple[Tensor, Tensor]:
+def rope_angles(
+    positions: Tensor, head_dim: int, theta: float = 10_000.0, fraction: float = 1.0
+) -> tuple[Tensor, Tensor]:
     """Rotation tables (cos, sin), each [S, head_dim], for positions [S, 3] (float32: angles need the precision).
 
     Channel pair (i, i + head_dim/2) turns by angle a_i: cos = [cos a, cos a], sin = [-sin a, sin a] (the

@@ -26,7 +26,15 @@ def initial_noise(n: int, channels: int, height: int, width: int, seed: int) -> 
 
 
 @torch.no_grad()
-def denoise(gen: Generator, noise: torch.Tensor, text: TextBatch, steps: int, cfg_scale: float, shift: float, refs: ReferenceBatch | None = None) -> torch.Tensor:
+def denoise(
+    gen: Generator,
+    noise: torch.Tensor,
+    text: TextBatch,
+    steps: int,
+    cfg_scale: float,
+    shift: float,
+    refs: ReferenceBatch | None = None,
+) -> torch.Tensor:
     """Integrate dx/dt = v from t=1 to t=0 in `steps` Euler steps; returns the final latents. Style
     references (`refs`) condition both CFG branches: guidance amplifies the text, the strengths set the style."""
     x = noise.to(gen.device)
@@ -77,7 +85,11 @@ def sample(
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start : start + batch_size]
         text = gen.encode_text(chunk)
-        rows = None if refs is None else ReferenceBatch(refs.inputs[start : start + len(chunk)], refs.strength[start : start + len(chunk)])
+        rows = (
+            None
+            if refs is None
+            else ReferenceBatch(refs.inputs[start : start + len(chunk)], refs.strength[start : start + len(chunk)])
+        )
         latents = denoise(gen, noise[start : start + len(chunk)], text, steps, cfg_scale, shift, rows)
         out.append(ae.decode(latents).numpy())
     gen.train(was_training)

@@ -38,14 +38,19 @@ def write_tiny_text_encoder(directory: str | Path, layers: int = 3, hidden: int 
     return d
 
 
-def write_tiny_autoencoder_kl(directory: str | Path, latent_channels: int = 4, seed: int = 0, latents_stats: bool = False) -> Path:
+def write_tiny_autoencoder_kl(
+    directory: str | Path, latent_channels: int = 4, seed: int = 0, latents_stats: bool = False
+) -> Path:
     """A random diffusers AutoencoderKL with two down blocks (downsample 2)."""
     import torch
     from diffusers import AutoencoderKL
 
     kwargs = {}
     if latents_stats:
-        kwargs = {"latents_mean": [0.1 * i for i in range(latent_channels)], "latents_std": [1.0 + 0.5 * i for i in range(latent_channels)]}
+        kwargs = {
+            "latents_mean": [0.1 * i for i in range(latent_channels)],
+            "latents_std": [1.0 + 0.5 * i for i in range(latent_channels)],
+        }
     torch.manual_seed(seed)
     vae = AutoencoderKL(
         in_channels=3,

@@ -39,7 +39,9 @@ class TextBatch:
 
     def __post_init__(self) -> None:
         if self.hidden.dim() != 4 or self.mask.shape != (self.hidden.shape[0], self.hidden.shape[2]):
-            raise ValueError(f"TextBatch: hidden {tuple(self.hidden.shape)} does not match mask {tuple(self.mask.shape)}")
+            raise ValueError(
+                f"TextBatch: hidden {tuple(self.hidden.shape)} does not match mask {tuple(self.mask.shape)}"
+            )
 
     def __len__(self) -> int:
         return self.hidden.shape[0]
@@ -73,7 +75,9 @@ class TextBackbone:
     """A frozen HF text model + tokenizer. Not an nn.Module on purpose: the Generator holds it by reference,
     so it is never in the trainable parameters, the optimiser or the saved weights."""
 
-    def __init__(self, path: str | Path | None, layers: list[int], max_length: int, cache_dir: str | Path | None = None):
+    def __init__(
+        self, path: str | Path | None, layers: list[int], max_length: int, cache_dir: str | Path | None = None
+    ):
         from transformers import AutoModel, AutoTokenizer
 
         self.path = Path(path) if path is not None else default_text_encoder_path()
@@ -97,7 +101,9 @@ class TextBackbone:
     def identity(self) -> str:
         """What a cached embedding depends on: the weights' config, the layers and the max length."""
         blob = json.dumps(
-            {"config": self.model.config.to_dict(), "layers": self.layers, "max_length": self.max_length}, sort_keys=True, default=str
+            {"config": self.model.config.to_dict(), "layers": self.layers, "max_length": self.max_length},
+            sort_keys=True,
+            default=str,
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

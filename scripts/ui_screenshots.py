@@ -35,7 +35,9 @@ def record() -> None:
     instance = dg.DagsterInstance.get()
     page = checkpoint_page(ckpt, samples=checkpoint_samples(ckpt, load_config([])))
     instance.report_runless_asset_event(dg.AssetMaterialization(asset_key="checkpoint", metadata=page))
-    instance.report_runless_asset_event(dg.AssetMaterialization(asset_key="evaluation", metadata=evaluation_page(artifact("eval"))))
+    instance.report_runless_asset_event(
+        dg.AssetMaterialization(asset_key="evaluation", metadata=evaluation_page(artifact("eval")))
+    )
 
 
 def shoot(base: str, outdir: Path) -> None:
@@ -48,9 +50,13 @@ def shoot(base: str, outdir: Path) -> None:
         browser.call("Emulation.setDeviceMetricsOverride", width=1900, height=1500, deviceScaleFactor=1, mobile=False)
         for name, entry in OPEN.items():
             browser.goto(f"{base}/assets/{name}")
-            browser.wait_for("document.body.innerText.includes('Metadata') && document.body.innerText.includes('Key')", timeout=60)
+            browser.wait_for(
+                "document.body.innerText.includes('Metadata') && document.body.innerText.includes('Key')", timeout=60
+            )
             time.sleep(2)
-            browser.evaluate("[...document.querySelectorAll('button')].filter(b => b.innerText.trim() === 'Skip').forEach(b => b.click()); true")  # the newsletter modal
+            browser.evaluate(
+                "[...document.querySelectorAll('button')].filter(b => b.innerText.trim() === 'Skip').forEach(b => b.click()); true"
+            )  # the newsletter modal
             time.sleep(1.5)
             _save(browser, outdir / f"ui_{name}.png")
             opened = browser.evaluate(f"""(() => {{ const row = [...document.querySelectorAll('tr')].find(r => r.innerText.trim().startsWith({entry!r}));
@@ -67,7 +73,9 @@ def _save(browser, path: Path) -> None:
     from PIL import Image
 
     path.write_bytes(base64.b64decode(browser.call("Page.captureScreenshot", format="png")["data"]))
-    Image.open(path).crop((0, 0, 1900, 1100)).quantize(colors=128).save(path, optimize=True)  # the top of the page, small in git
+    Image.open(path).crop((0, 0, 1900, 1100)).quantize(colors=128).save(
+        path, optimize=True
+    )  # the top of the page, small in git
     print("wrote", path)
 
 

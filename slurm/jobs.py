@@ -44,8 +44,14 @@ class JobReport:
 
     def metadata(self) -> dict[str, str | int]:
         """Flat, JSON-able: what a Dagster asset shows about the job that made it."""
-        return {"slurm_job_id": self.job_id, "slurm_state": self.state, "slurm_nodes": self.nodes,
-                "slurm_restarts": self.restarts, "stdout": str(self.stdout), "stderr": str(self.stderr)}
+        return {
+            "slurm_job_id": self.job_id,
+            "slurm_state": self.state,
+            "slurm_nodes": self.nodes,
+            "slurm_restarts": self.restarts,
+            "stdout": str(self.stdout),
+            "stderr": str(self.stderr),
+        }
 
 
 class SlurmJobFailed(RuntimeError):
@@ -53,8 +59,10 @@ class SlurmJobFailed(RuntimeError):
 
     def __init__(self, report: JobReport, detail: str = ""):
         self.report = report
-        msg = (f"slurm job {report.job_id} ended {report.state} on {report.nodes or '?'}\n"
-               f"  stdout: {report.stdout}\n  stderr: {report.stderr}\n")
+        msg = (
+            f"slurm job {report.job_id} ended {report.state} on {report.nodes or '?'}\n"
+            f"  stdout: {report.stdout}\n  stderr: {report.stderr}\n"
+        )
         if detail:
             msg += f"{detail.rstrip()}\n"
         super().__init__(msg + f"--- log tail ---\n{report.log_tail}")
@@ -132,8 +140,13 @@ def wait_for(jobs: list[submitit.Job], log: Log, poll_s: float, grace_s: float =
 
 def report(job: submitit.Job, state: SlurmState) -> JobReport:
     """Collect results (raising `SlurmJobFailed` when a task failed or never finished)."""
-    base = dict(job_id=job.job_id, nodes=state.nodes, stdout=job.paths.stdout, stderr=job.paths.stderr,
-                restarts=restarts(job.job_id) if _is_slurm(job) else 0)
+    base = dict(
+        job_id=job.job_id,
+        nodes=state.nodes,
+        stdout=job.paths.stdout,
+        stderr=job.paths.stderr,
+        restarts=restarts(job.job_id) if _is_slurm(job) else 0,
+    )
     if not _results_written(job):
         missing = [i for i in range(job.num_tasks) if not job.task(i).paths.result_pickle.exists()]
         failed = state.state if state.state != "COMPLETED" else "FAILED"

@@ -94,7 +94,9 @@ def executor_for(cluster: ClusterProfile, kind: JobKind, job_name: str) -> submi
 
 def single_task(cluster: ClusterProfile) -> ClusterProfile:
     """The profile shrunk to one task on one node (one GPU if it has GPUs): for non-distributed entries."""
-    return cluster.model_copy(update={"nodes": 1, "tasks_per_node": 1, "gpus_per_node": min(cluster.gpus_per_node, 1), "exclusive": False})
+    return cluster.model_copy(
+        update={"nodes": 1, "tasks_per_node": 1, "gpus_per_node": min(cluster.gpus_per_node, 1), "exclusive": False}
+    )
 
 
 def launch(spec: TaskSpec, cluster: ClusterProfile, cfg: Any = None) -> submitit.Job:

@@ -94,7 +94,9 @@ def flight_recorder_lines(cluster: ClusterProfile) -> list[str]:
     return [f'export {k}="{v}"' for k, v in env.items() if k not in cluster.env]
 
 
-def executor_parameters(cluster: ClusterProfile, kind: JobKind, job_name: str, snapshot: Path | None = None) -> dict[str, Any]:
+def executor_parameters(
+    cluster: ClusterProfile, kind: JobKind, job_name: str, snapshot: Path | None = None
+) -> dict[str, Any]:
     """The `update_parameters` of an AutoExecutor; generic keys for every executor, `slurm_*` for Slurm."""
     setup = setup_lines(cluster, snapshot)
     if kind == "train":
@@ -155,7 +157,11 @@ def make_executor(
 
 
 def sbatch_script(
-    cluster: ClusterProfile, kind: JobKind = "train", job_name: str = "kiln", folder: str = "%j", snapshot: Path | None = None
+    cluster: ClusterProfile,
+    kind: JobKind = "train",
+    job_name: str = "kiln",
+    folder: str = "%j",
+    snapshot: Path | None = None,
 ) -> str:
     """The sbatch script a profile produces, without submitting (for `kiln submit --dry-run` and tests)."""
     from submitit.slurm.slurm import SlurmExecutor, _convert_mem, _make_sbatch_string

@@ -127,7 +127,9 @@ def allreduce_sgd(
     }
 
 
-def reference_sgd(world_size: int, *, steps: int = 20, lr: float = 0.1, batch: int = 8, dim: int = 4, seed: int = 0) -> dict[str, Any]:
+def reference_sgd(
+    world_size: int, *, steps: int = 20, lr: float = 0.1, batch: int = 8, dim: int = 4, seed: int = 0
+) -> dict[str, Any]:
     """`allreduce_sgd` over `world_size` simulated ranks, in this process, without torch.distributed."""
     model = init_model(dim, seed)
     losses = []
@@ -140,4 +142,8 @@ def reference_sgd(world_size: int, *, steps: int = 20, lr: float = 0.1, batch: i
         shapes = per_rank[0][1]
         sgd_update(model, [t.view_as(g) for t, g in zip(flat[:-1].split([g.numel() for g in shapes]), shapes)], lr)
         losses.append(float(flat[-1]))
-    return {"final_loss": losses[-1], "losses": losses, "weights": torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()}
+    return {
+        "final_loss": losses[-1],
+        "losses": losses,
+        "weights": torch.cat([p.detach().flatten() for p in model.parameters()]).tolist(),
+    }

@@ -12,7 +12,9 @@ import subprocess
 from dataclasses import dataclass
 
 # States after which a job will not run again. PREEMPTED is not here: with requeue it comes back.
-TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
+TERMINAL = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+)
 QUERY_TIMEOUT_S = 30  # squeue / sacct hang rather than fail when munge or the controller is down
 
 

@@ -21,7 +21,9 @@ def write_tokenizer(d: Path):
     vocab = {t: i for i, t in enumerate(SPECIALS + WORDS)}
     tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
     tok.add_tokens(["<image>"], special_tokens=True)  # one token, never split by the pre-tokenizer
     tok.save_pretrained(str(d))
     return tok
@@ -31,9 +33,17 @@ def _llama(vocab: int, tok, hidden: int = 32):
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=512, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id, tie_word_embeddings=False,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        tie_word_embeddings=False,
     )
 
 
@@ -62,13 +72,33 @@ def write_tiny_vlm(directory: str | Path, seed: int = 0, image_size: int = 32, p
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     tok = write_tokenizer(d)
-    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=image_size, patch_size=patch)
-    config = LlavaConfig(
-        vision_config=vision, text_config=_llama(len(tok), tok), image_token_index=tok.convert_tokens_to_ids("<image>"),
-        vision_feature_layer=-1, vision_feature_select_strategy="default", projector_hidden_act="gelu",
+    vision = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=image_size,
+        patch_size=patch,
     )
-    images = CLIPImageProcessor(size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size})
-    LlavaProcessor(image_processor=images, tokenizer=tok, patch_size=patch, vision_feature_select_strategy="default", image_token="<image>", num_additional_image_tokens=1).save_pretrained(str(d))
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=_llama(len(tok), tok),
+        image_token_index=tok.convert_tokens_to_ids("<image>"),
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="default",
+        projector_hidden_act="gelu",
+    )
+    images = CLIPImageProcessor(
+        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
+    )
+    LlavaProcessor(
+        image_processor=images,
+        tokenizer=tok,
+        patch_size=patch,
+        vision_feature_select_strategy="default",
+        image_token="<image>",
+        num_additional_image_tokens=1,
+    ).save_pretrained(str(d))
     torch.manual_seed(seed)
     LlavaForConditionalGeneration(config).eval().save_pretrained(str(d))
     return d
@@ -86,16 +116,31 @@ def scene_image(directory: Path, name: str, scene_json: str, width: int = 112, h
 def sign(word: str, color: str = "red", background: str = "blue", seed: int = 3) -> str:
     import json
 
-    return json.dumps({"family": "text_sign", "background": {"color": background, "pattern": "plain", "color2": None}, "shapes": [],
-                       "text": word, "sign_color": color, "layout_seed": seed})
+    return json.dumps(
+        {
+            "family": "text_sign",
+            "background": {"color": background, "pattern": "plain", "color2": None},
+            "shapes": [],
+            "text": word,
+            "sign_color": color,
+            "layout_seed": seed,
+        }
+    )
 
 
 def shape(shape_name: str = "circle", color: str = "yellow", background: str = "blue", seed: int = 5) -> str:
     import json
 
-    return json.dumps({"family": "single_shape", "background": {"color": background, "pattern": "plain", "color2": None},
-                       "shapes": [{"color": color, "shape": shape_name, "size": "large", "position": "center", "count": 1}],
-                       "text": None, "sign_color": None, "layout_seed": seed})
+    return json.dumps(
+        {
+            "family": "single_shape",
+            "background": {"color": background, "pattern": "plain", "color2": None},
+            "shapes": [{"color": color, "shape": shape_name, "size": "large", "position": "center", "count": 1}],
+            "text": None,
+            "sign_color": None,
+            "layout_seed": seed,
+        }
+    )
 
 
 def deduped_rows(paths: list[Path]):
@@ -115,10 +160,30 @@ def deduped_rows(paths: list[Path]):
         except OSError:  # a broken file: the stage under test must reject it
             w, h = 0, 0
         id_ = hashlib.sha1(str(p).encode()).hexdigest()[:16]
-        rows.append({"id": id_, "uri": str(p), "bytes": len(data), "md5": hashlib.md5(data).hexdigest(), "format": "PNG", "width": w, "height": h,
-                     "mode": "RGB", "exif_orientation": 1, "n_frames": 1, "aspect": max(w, h) / max(1, min(w, h)), "laplacian_var": 300.0,
-                     "entropy": 5.5, "white_ratio": 0.0, "black_ratio": 0.0, "border_share": 0.0, "flat_share": 0.2, "phash": bytes(18),
-                     "colorhash": bytes(8), "dup_group": id_})
+        rows.append(
+            {
+                "id": id_,
+                "uri": str(p),
+                "bytes": len(data),
+                "md5": hashlib.md5(data).hexdigest(),
+                "format": "PNG",
+                "width": w,
+                "height": h,
+                "mode": "RGB",
+                "exif_orientation": 1,
+                "n_frames": 1,
+                "aspect": max(w, h) / max(1, min(w, h)),
+                "laplacian_var": 300.0,
+                "entropy": 5.5,
+                "white_ratio": 0.0,
+                "black_ratio": 0.0,
+                "border_share": 0.0,
+                "flat_share": 0.2,
+                "phash": bytes(18),
+                "colorhash": bytes(8),
+                "dup_group": id_,
+            }
+        )
     return pa.Table.from_pylist(rows, schema=DEDUPED)
 
 
@@ -132,10 +197,14 @@ def ocred_rows(deduped, texts: list[str], heights: list[float] | None = None):
 
     heights = heights or [20.0 if t else 0.0 for t in texts]
     extra = {
-        "ocr_text": texts, "ocr_boxes": [json.dumps([[10, 10, 60, 10 + h, t, 0.99]] if t else []) for t, h in zip(texts, heights)],
-        "ocr_engine": ["rapidocr"] * len(texts), "contains_text": [bool(t) for t in texts],
-        "text_area_share": [0.1 if t else 0.0 for t in texts], "text_density": [1.0 if t else 0.0 for t in texts],
-        "text_complexity": [2.0 if t else 0.0 for t in texts], "min_text_height": heights,
+        "ocr_text": texts,
+        "ocr_boxes": [json.dumps([[10, 10, 60, 10 + h, t, 0.99]] if t else []) for t, h in zip(texts, heights)],
+        "ocr_engine": ["rapidocr"] * len(texts),
+        "contains_text": [bool(t) for t in texts],
+        "text_area_share": [0.1 if t else 0.0 for t in texts],
+        "text_density": [1.0 if t else 0.0 for t in texts],
+        "text_complexity": [2.0 if t else 0.0 for t in texts],
+        "min_text_height": heights,
     }
     t = deduped
     for k, v in extra.items():

@@ -42,7 +42,9 @@ def vit_teacher_dir(tmp_path_factory):
     from transformers import ViTConfig, ViTModel
 
     torch.manual_seed(0)
-    cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    cfg = ViTConfig(
+        image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
     d = tmp_path_factory.mktemp("vit")
     ViTModel(cfg, add_pooling_layer=False).eval().save_pretrained(str(d))
     return d
@@ -94,7 +96,10 @@ def dsn():
     from kiln.warehouse import postgres as pg
     from kiln.warehouse.local import SCRIPT, local_postgres_dsn
 
-    was_running = bool(os.environ.get("KILN_PG_DSN")) or subprocess.run([str(SCRIPT), "status"], capture_output=True).returncode == 0
+    was_running = (
+        bool(os.environ.get("KILN_PG_DSN"))
+        or subprocess.run([str(SCRIPT), "status"], capture_output=True).returncode == 0
+    )
     try:
         dsn = local_postgres_dsn()
         with db_connect(dsn) as conn:
@@ -128,7 +133,10 @@ def demo_embedded(tmp_path_factory):
 
     root = tmp_path_factory.getbasetemp() / "curation-demo"
     if (root / "embedded" / "summary.json").is_file():
-        return [f"data.caption.truth={root / 'raw' / 'truth.parquet'}", f"data.clustering.review_db={root / 'review.duckdb'}"], root
+        return [
+            f"data.caption.truth={root / 'raw' / 'truth.parquet'}",
+            f"data.clustering.review_db={root / 'review.duckdb'}",
+        ], root
     root.mkdir()
     return build_demo(root)
 
@@ -152,7 +160,12 @@ def start_moto(env: dict[str, str] | None = None):
     exe = shutil.which("moto_server") or str(REPO_ROOT / ".venv" / "bin" / "moto_server")
     if not os.path.exists(exe):
         exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
-    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(
+        [exe, "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(150):
         try:
@@ -170,7 +183,14 @@ def use_s3_endpoint(url: str) -> None:
 
     from kiln.uri import _remote_tar_index
 
-    os.environ.update({"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"})
+    os.environ.update(
+        {
+            "AWS_ENDPOINT_URL": url,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+    )
     s3fs.S3FileSystem.clear_instance_cache()
     _remote_tar_index.cache_clear()
 
@@ -179,7 +199,10 @@ def use_s3_endpoint(url: str) -> None:
 def s3_server():
     """A local S3-compatible server (moto's server mode) for the whole session; its endpoint url."""
     proc, url = start_moto()
-    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    saved = {
+        k: os.environ.get(k)
+        for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+    }
     use_s3_endpoint(url)
     yield url
     proc.terminate()

@@ -16,9 +16,19 @@ def held_out_demo(root: Path, seed: int, until: str = "embed", n: int = 160) -> 
     from kiln.stage import run_stage
 
     write_demo_corpus(root / "raw", n=n, seed=seed, size=96)
-    overrides = [f"data.caption.truth={root / 'raw' / 'truth.parquet'}", f"data.clustering.review_db={root / 'review.duckdb'}", "data.clustering.flag=all"]
+    overrides = [
+        f"data.caption.truth={root / 'raw' / 'truth.parquet'}",
+        f"data.clustering.review_db={root / 'review.duckdb'}",
+        "data.clustering.flag=all",
+    ]
     cfg = load_config(overrides)
-    steps = [("ingest", "raw", "manifest"), ("filter", "manifest", "filtered"), ("dedup", "filtered", "deduped"), ("embed", "deduped", "embedded"), ("cluster", "embedded", "clustered")]
+    steps = [
+        ("ingest", "raw", "manifest"),
+        ("filter", "manifest", "filtered"),
+        ("dedup", "filtered", "deduped"),
+        ("embed", "deduped", "embedded"),
+        ("cluster", "embedded", "clustered"),
+    ]
     # ingested by a relative path, as a clone's data/ is: ids (sha1 of the uri) and every id-ordered sample
     # are then the same on every run, not drawn anew with pytest's temporary folder name
     with contextlib.chdir(root):

@@ -40,7 +40,11 @@ def png_header_only(width: int, height: int) -> bytes:
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IEND", b"")
+    )
 
 
 def animated_gif(seed: int) -> bytes:
@@ -93,9 +97,17 @@ def build_demo(root, n=160):
     from assets.demo_corpus import write_demo_corpus
 
     write_demo_corpus(root / "raw", n=n, seed=0, size=96)
-    overrides = [f"data.caption.truth={root / 'raw' / 'truth.parquet'}", f"data.clustering.review_db={root / 'review.duckdb'}"]
+    overrides = [
+        f"data.caption.truth={root / 'raw' / 'truth.parquet'}",
+        f"data.clustering.review_db={root / 'review.duckdb'}",
+    ]
     cfg = load_config(overrides)
-    for stage, src, dst in (("ingest", "raw", "manifest"), ("filter", "manifest", "filtered"), ("dedup", "filtered", "deduped"), ("embed", "deduped", "embedded")):
+    for stage, src, dst in (
+        ("ingest", "raw", "manifest"),
+        ("filter", "manifest", "filtered"),
+        ("dedup", "filtered", "deduped"),
+        ("embed", "deduped", "embedded"),
+    ):
         run_stage(stage, root / src, root / dst, cfg)
     return overrides, root
 

@@ -55,11 +55,18 @@ def tiny_dvc_project(root: Path) -> Path:
     (root / "conf" / "model" / "micro.yaml").write_text(yaml.safe_dump(model))
     train = yaml.safe_load((root / "conf" / "train" / "demo.yaml").read_text())
     (root / "conf" / "train" / "micro.yaml").write_text(yaml.safe_dump(_merge(train, MICRO_TRAIN), sort_keys=False))
-    top = (root / "conf" / "config.yaml").read_text().replace("- model: nano", "- model: micro").replace("- train: demo", "- train: micro")
+    top = (
+        (root / "conf" / "config.yaml")
+        .read_text()
+        .replace("- model: nano", "- model: micro")
+        .replace("- train: demo", "- train: micro")
+    )
     (root / "conf" / "config.yaml").write_text(top)
     from dvc.utils.hydra import compose_and_dump
 
-    compose_and_dump(root / "params.yaml", str(root / "conf"), None, "config", str(root), [])  # what `dvc exp run` writes
+    compose_and_dump(
+        root / "params.yaml", str(root / "conf"), None, "config", str(root), []
+    )  # what `dvc exp run` writes
     composed = yaml.safe_load((root / "params.yaml").read_text())
     stages = {  # the params the real dvc.yaml gives its training and evaluation stages
         "checkpoint": {"cmd": "kiln train --data train_set --out data/checkpoint", "deps": ["train_set"],
@@ -67,7 +74,9 @@ def tiny_dvc_project(root: Path) -> Path:
         "evaluation": {"cmd": "kiln eval --checkpoint data/checkpoint --data train_set --out data/eval", "deps": ["data/checkpoint", "train_set"],
                        "params": present_params(EVAL_PARAMS, composed), "outs": ["data/eval"]},
     }  # fmt: skip
-    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages, "metrics": ["data/eval/headline.json"]}, sort_keys=False))
+    (root / "dvc.yaml").write_text(
+        yaml.safe_dump({"stages": stages, "metrics": ["data/eval/headline.json"]}, sort_keys=False)
+    )
     sh(root, "git", "init", "-q")
     sh(root, "dvc", "init", "-q")
     for key, value in (("hydra.enabled", "true"), ("hydra.config_dir", "conf"), ("hydra.config_name", "config")):
@@ -78,7 +87,10 @@ def tiny_dvc_project(root: Path) -> Path:
 
 
 def _merge(a: dict, b: dict) -> dict:
-    return {**a, **{k: _merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v for k, v in b.items()}}
+    return {
+        **a,
+        **{k: _merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v for k, v in b.items()},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +103,7 @@ def project(template, tmp_path) -> Path:
     """A fresh copy of the tiny project (git history and DVC config included) for one test."""
     root = tmp_path / "project"
     shutil.copytree(template, root, symlinks=True)
-    conf = (root / "conf" / "model" / "micro.yaml")  # the text encoder path points into the copy
+    conf = root / "conf" / "model" / "micro.yaml"  # the text encoder path points into the copy
     conf.write_text(conf.read_text().replace(str(template), str(root)))
     sh(root, "git", "commit", "-q", "-am", "copy")
     from dvc.utils.hydra import compose_and_dump
@@ -114,7 +126,10 @@ def test_dvc_exp_run_with_a_hydra_key_changes_what_trains(project):
     sh(project, "dvc", "exp", "run", "-n", "two-steps", "-S", "train.steps=2", "checkpoint")
     assert yaml.safe_load((project / "params.yaml").read_text())["train"]["steps"] == 2
     assert _steps_trained(project / "data" / "checkpoint") == 2
-    shown = {r["Experiment"]: r for r in csv.DictReader(io.StringIO(sh(project, "dvc", "exp", "show", "--no-pager", "--csv")))}
+    shown = {
+        r["Experiment"]: r
+        for r in csv.DictReader(io.StringIO(sh(project, "dvc", "exp", "show", "--no-pager", "--csv")))
+    }
     assert shown["two-steps"]["train.steps"] == "2"  # `dvc exp show` lists it with kiln's real key
 
 
@@ -147,7 +162,10 @@ def test_kiln_ablate_runs_each_variant_as_a_dvc_experiment_and_compares_them(pro
 
 # ----------------------------------------------------------------------------- refusals, before any run
 def _plan(tmp_path: Path, **fields) -> Path:
-    doc = {"name": "p", "variants": [{"name": "a", "overrides": []}, {"name": "b", "overrides": ["train.steps=5"]}]} | fields
+    doc = {
+        "name": "p",
+        "variants": [{"name": "a", "overrides": []}, {"name": "b", "overrides": ["train.steps=5"]}],
+    } | fields
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -179,7 +197,10 @@ def bare_repo(bare_repo_template, tmp_path) -> Path:
         ({"variants": [{"name": "a", "overrides": []}]}, "at least 2"),
         ({"seeds": [0, 0]}, "seeds repeat"),
         ({"seeds": [-1]}, "greater than or equal to 0"),
-        ({"variants": [{"name": "a"}, {"name": "b", "overrides": []}], "colour": 1}, "colour: Extra inputs are not permitted"),
+        (
+            {"variants": [{"name": "a"}, {"name": "b", "overrides": []}], "colour": 1},
+            "colour: Extra inputs are not permitted",
+        ),
     ],
 )
 def test_a_malformed_plan_is_refused_naming_what_is_wrong(tmp_path, fields, says):
@@ -210,11 +231,15 @@ def test_a_key_repeated_in_the_plan_file_is_refused_not_silently_dropped(tmp_pat
         ("train.steps=5,6", "is a sweep"),
     ],
 )
-def test_a_variant_override_kiln_or_dvc_would_refuse_stops_the_plan_before_anything_is_queued(bare_repo, tmp_path, override, says):
+def test_a_variant_override_kiln_or_dvc_would_refuse_stops_the_plan_before_anything_is_queued(
+    bare_repo, tmp_path, override, says
+):
     from kiln.ablate import check_plan, load_plan
     from kiln.errors import UserError
 
-    plan = load_plan(_plan(tmp_path, variants=[{"name": "a", "overrides": []}, {"name": "bad", "overrides": [override]}]))
+    plan = load_plan(
+        _plan(tmp_path, variants=[{"name": "a", "overrides": []}, {"name": "bad", "overrides": [override]}])
+    )
     with pytest.raises(UserError) as e:
         check_plan(plan, bare_repo)
     assert "variant bad" in str(e.value) and says in str(e.value)
@@ -236,11 +261,16 @@ def test_the_demo_plan_is_a_valid_plan_for_this_repo(bare_repo):
     from kiln.ablate import check_plan, load_plan
     from kiln.config import load_config
 
-    shutil.copy(REPO_ROOT / "dvc.yaml", bare_repo / "dvc.yaml")  # a copy: opening the repo itself writes DVC's .dvc/tmp there
+    shutil.copy(
+        REPO_ROOT / "dvc.yaml", bare_repo / "dvc.yaml"
+    )  # a copy: opening the repo itself writes DVC's .dvc/tmp there
     plan = load_plan(REPO_ROOT / "conf" / "ablate" / "demo.yaml")
     check_plan(plan, bare_repo)
     cfgs = {v.name: load_config([*plan.base, *v.overrides]) for v in plan.variants}
-    assert cfgs["long_captions"].data.rewrite.form_probs["long"] == 1.0 and cfgs["short_captions"].data.rewrite.form_probs["short"] == 1.0
+    assert (
+        cfgs["long_captions"].data.rewrite.form_probs["long"] == 1.0
+        and cfgs["short_captions"].data.rewrite.form_probs["short"] == 1.0
+    )
     assert (cfgs["long_captions"].train.optim.weights, cfgs["bf16_weights"].train.optim.weights) == ("fp32", "bf16")
 
 
@@ -270,7 +300,9 @@ def test_the_table_gives_mean_spread_and_delta_to_the_baseline_per_variant():
     assert base["loss_std"] == pytest.approx(2**0.5)  # sample std of (1, 3)
     assert (lr["loss_mean"], lr["loss_delta"], lr["n_seeds"]) == (1.0, -1.0, 2)
     table = markdown([base, lr], ["loss"], "t")
-    assert "| **base** (baseline) | 2 | 2 ± 1.414 [1, 3] |" in table and "| lr | 2 | 1 ± 0.7071 [0.5, 1.5] (-1) |" in table
+    assert (
+        "| **base** (baseline) | 2 | 2 ± 1.414 [1, 3] |" in table and "| lr | 2 | 1 ± 0.7071 [0.5, 1.5] (-1) |" in table
+    )
 
 
 # ----------------------------------------------------------------------------- params.yaml -> overrides
@@ -281,7 +313,15 @@ def test_the_overrides_read_from_params_yaml_recompose_it_exactly():
     from kiln.dvc_params import diff_overrides
 
     base, _ = compose_raw([])
-    target, _ = compose_raw(["train.steps=7", "+data.rewrite.form_probs={long: 1.0, short: 0.0}", "~train.log_every", "train.lr=1e-4", "+data.demo.n=41"])
+    target, _ = compose_raw(
+        [
+            "train.steps=7",
+            "+data.rewrite.form_probs={long: 1.0, short: 0.0}",
+            "~train.log_every",
+            "train.lr=1e-4",
+            "+data.demo.n=41",
+        ]
+    )
     overrides = diff_overrides(base, target)
     assert "train.steps=7" in overrides and "~train.log_every" in overrides
     assert compose_raw(overrides)[0] == target

@@ -80,7 +80,9 @@ KNOBS = {  # name -> model overrides, each a non-default value
 
 
 @pytest.mark.parametrize("knob", sorted(KNOBS))
-def test_each_architecture_knob_trains_one_step_and_round_trips_through_its_checkpoint(data, text_encoder_dir, tmp_path, knob):
+def test_each_architecture_knob_trains_one_step_and_round_trips_through_its_checkpoint(
+    data, text_encoder_dir, tmp_path, knob
+):
     cfg = _cfg(text_encoder_dir, KNOBS[knob])
     out = tmp_path / knob
     _trains_one_step(data, out, cfg)
@@ -100,7 +102,9 @@ def test_kv_heads_sets_the_key_value_projections_mha_or_gqa(text_encoder_dir):
 
 def test_the_attention_gate_off_removes_its_projection_rows(text_encoder_dir):
     gated, plain = _params(text_encoder_dir), _params(text_encoder_dir, attention_gate=False)
-    assert _count(gated) - _count(plain) == DEPTH * HEADS * HEAD_DIM * WIDTH  # the DiT's gate rows; the refiner keeps its own
+    assert (
+        _count(gated) - _count(plain) == DEPTH * HEADS * HEAD_DIM * WIDTH
+    )  # the DiT's gate rows; the refiner keeps its own
     assert plain["dit.blocks.0.attn.qkvg.weight"].shape[0] == (HEADS + 2 * 1) * HEAD_DIM
 
 
@@ -159,7 +163,9 @@ def test_absolute_positions_tell_the_tokens_where_they_are_without_new_weights(t
     emb = sincos_2d(4, 4, WIDTH)
     assert emb.shape == (16, WIDTH) and len({tuple(r.tolist()) for r in emb}) == 16  # one code per patch
     # a row's code depends on its row only, a column's on its column only (first half: rows, second: columns)
-    assert torch.equal(emb[0, : WIDTH // 2], emb[3, : WIDTH // 2]) and torch.equal(emb[0, WIDTH // 2 :], emb[12, WIDTH // 2 :])
+    assert torch.equal(emb[0, : WIDTH // 2], emb[3, : WIDTH // 2]) and torch.equal(
+        emb[0, WIDTH // 2 :], emb[12, WIDTH // 2 :]
+    )
     plain = _perturbed(init_generator(micro_model_config(text_encoder_dir), 0))
     placed = init_generator(micro_model_config(text_encoder_dir, abs_pos=True), 0)
     placed.load_state_dict(plain.state_dict())  # the same weights: the positions are fixed, not learned
@@ -203,7 +209,12 @@ def test_the_pixel_head_lets_each_patch_reach_across_its_seams(text_encoder_dir)
     p = micro_model_config(text_encoder_dir).patch_size
     linear = _perturbed(init_generator(micro_model_config(text_encoder_dir), 0))
     conv = _perturbed(init_generator(micro_model_config(text_encoder_dir, pixel_head=8), 0))
-    assert tuple(conv.dit.final.weight.shape) == (8 * p * p, WIDTH) and tuple(conv.dit.pixel_conv.weight.shape) == (3, 8, 3, 3)
+    assert tuple(conv.dit.final.weight.shape) == (8 * p * p, WIDTH) and tuple(conv.dit.pixel_conv.weight.shape) == (
+        3,
+        8,
+        3,
+        3,
+    )
     moved = _pixels_moved_by_one_patch(linear)
     assert moved[:p, :p].all() and moved.sum() == p * p  # its own patch and nothing else
     moved = _pixels_moved_by_one_patch(conv)
@@ -221,7 +232,10 @@ def test_the_gelu_mlp_is_4x_wide_at_the_flops_of_swiglu(text_encoder_dir):
     gelu = init_generator(micro_model_config(text_encoder_dir, mlp="gelu"), 0).dit.blocks[0].mlp
     assert isinstance(gelu, GeluMLP) and gelu.up.out_features == 4 * WIDTH
     # at the demo's size the two MLPs cost the same FLOPs up to SwiGLU's rounding of its width to 64
-    swiglu_tiny, gelu_tiny = (DiT(resolve_dit_config(micro_model_config(text_encoder_dir, size="tiny", mlp=m))).blocks[0].mlp for m in ("swiglu", "gelu"))
+    swiglu_tiny, gelu_tiny = (
+        DiT(resolve_dit_config(micro_model_config(text_encoder_dir, size="tiny", mlp=m))).blocks[0].mlp
+        for m in ("swiglu", "gelu")
+    )
     assert isinstance(swiglu_tiny, SwiGLU)
     assert abs(gelu_tiny.flops_per_token() / swiglu_tiny.flops_per_token() - 1) < 0.05
 
@@ -320,7 +334,13 @@ def test_token_routing_sends_a_share_of_the_image_tokens_around_the_span_in_trai
     x, _, text = _inputs(gen)
     tc = TrainConfig(route={"frac": 0.5, "start": 1, "end": 2}, caption_dropout=0.0)
     cpu = Runtime(torch.device("cpu"), None)
-    result = train_step(Learner(gen, make_optimizer(gen, tc), tc, cpu), StepBatch(x, text, gen.null_text(2)), step_generator(0, 0), 1e-3, 1.0)
+    result = train_step(
+        Learner(gen, make_optimizer(gen, tc), tc, cpu),
+        StepBatch(x, text, gen.null_text(2)),
+        step_generator(0, 0),
+        1e-3,
+        1.0,
+    )
     assert math.isfinite(result.loss)
     seq = gen.tokens_per_sample(16, 16)  # 16 text + 64 image tokens, no padding
     image = (16 // 2) ** 2

@@ -51,15 +51,28 @@ def _worker(rank: int, world: int, port: int, te_dir: str, out_dir: str) -> None
     text = TextBatch(torch.randn(4, 3, 16, 32, generator=g), torch.ones(4, 16, dtype=torch.bool))
     null = TextBatch(torch.zeros(4, 3, 16, 32), torch.ones(4, 16, dtype=torch.bool))
     for step in range(STEPS):
-        train_step(Learner(sharded, opt_sh, tc, cpu, world), StepBatch(x0, text, null), step_generator(0, step), tc.lr, 1.0, local_rows(4, rank, world))
+        train_step(
+            Learner(sharded, opt_sh, tc, cpu, world),
+            StepBatch(x0, text, null),
+            step_generator(0, step),
+            tc.lr,
+            1.0,
+            local_rows(4, rank, world),
+        )
         train_step(Learner(ref, opt_ref, tc, cpu), StepBatch(x0, text, null), step_generator(0, step), tc.lr, 1.0)
         ema_sh.update(sharded)
         ema_ref.update(ref)
     shards = ema_sh.averaged()
-    local_is_a_shard = all(hasattr(t, "to_local") and t.to_local().numel() < t.numel() for t in shards.values() if t.dim() >= 1 and t.shape[0] >= world)
+    local_is_a_shard = all(
+        hasattr(t, "to_local") and t.to_local().numel() < t.numel()
+        for t in shards.values()
+        if t.dim() >= 1 and t.shape[0] >= world
+    )
     gathered = {n: t.full_tensor() for n, t in shards.items()}
     diff = max(float((gathered[n] - ema_ref.averaged()[n]).abs().max()) for n in gathered)
-    moved = max(float((ema_ref.averaged()[n] - p.detach()).abs().max()) for n, p in init_generator(cfg, 0).named_parameters())
+    moved = max(
+        float((ema_ref.averaged()[n] - p.detach()).abs().max()) for n, p in init_generator(cfg, 0).named_parameters()
+    )
 
     ckpt = Checkpointer(out_dir, keep=2, async_save=False, aux={"ema": (ema_sh, [])})
     ckpt.save(sharded, opt_sh, RunState(STEPS, DataPosition()))

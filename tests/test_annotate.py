@@ -30,7 +30,10 @@ from training.post.labels import (
 )
 from training.post.pairs import PAIRS, PAIRS_FILE, png, read_pairs
 
-WINNER, LOSER = (220, 30, 30), (30, 30, 220)  # the rewards' winner is red, the loser blue: the test can see which is where
+WINNER, LOSER = (
+    (220, 30, 30),
+    (30, 30, 220),
+)  # the rewards' winner is red, the loser blue: the test can see which is where
 
 
 def write_pairs(folder, n: int = 3):
@@ -136,10 +139,14 @@ def test_the_page_refuses_labels_it_cannot_place_and_labels_from_other_sites(ser
     sha = pairs_sha256(pairs)
     assert post_label(url, {"pair_id": "pair-0", "pairs": sha, "choice": "both"}) == 400
     assert post_label(url, {"pair_id": "no-such-pair", "pairs": sha, "choice": "left"}) == 400
-    assert post_label(url, {"pair_id": "pair-0", "pairs": "0" * 64, "choice": "left"}) == 409  # a page of another pairs table
+    assert (
+        post_label(url, {"pair_id": "pair-0", "pairs": "0" * 64, "choice": "left"}) == 409
+    )  # a page of another pairs table
     assert post_label(url, {"pair_id": "pair-0", "pairs": sha, "choice": "left"}, origin="http://evil.example") == 403
     assert store.labels(sha) == []
-    assert post_label(url, {"pair_id": "pair-0", "pairs": sha, "choice": "tie"}) == 200  # followed the redirect to the next pair
+    assert (
+        post_label(url, {"pair_id": "pair-0", "pairs": sha, "choice": "tie"}) == 200
+    )  # followed the redirect to the next pair
     assert [(lab.pair_id, lab.picked) for lab in store.labels(sha)] == [("pair-0", "tie")]
 
 
@@ -213,7 +220,11 @@ def test_human_pairs_make_the_picked_image_the_winner_and_count_what_they_drop(t
     assert rows["pair-0"]["winner_png"] == src["pair-0"]["winner_png"]
     flipped = rows["pair-2"]
     assert (flipped["winner_png"], flipped["loser_png"]) == (src["pair-2"]["loser_png"], src["pair-2"]["winner_png"])
-    assert (flipped["winner_reward"], flipped["winner_rewards"], flipped["winner_index"]) == (0.2, '{"rubric": 0.2}', 5)  # all of the picked image
+    assert (flipped["winner_reward"], flipped["winner_rewards"], flipped["winner_index"]) == (
+        0.2,
+        '{"rubric": 0.2}',
+        5,
+    )  # all of the picked image
     assert {k: report[k] for k in ("pairs_in", "pairs", "agree_with_rewards", "flipped", "ties", "split", "unlabelled", "labels", "annotators")} == {
         "pairs_in": 5, "pairs": 2, "agree_with_rewards": 1, "flipped": 1, "ties": 1, "split": 1, "unlabelled": 1, "labels": 6, "annotators": 2}  # fmt: skip
 

@@ -31,18 +31,32 @@ PROMPT = "Describe this image in detail.{ocr} The image is {width}x{height} pixe
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
     d = tmp_path_factory.mktemp("img")
-    paths = [scene_image(d, "sale", sign("SALE")), scene_image(d, "circle", shape("circle")), scene_image(d, "open", sign("OPEN", "yellow"), 96, 90)]
+    paths = [
+        scene_image(d, "sale", sign("SALE")),
+        scene_image(d, "circle", shape("circle")),
+        scene_image(d, "open", sign("OPEN", "yellow"), 96, 90),
+    ]
     return ocred_rows(deduped_rows(paths), ["SALE", "", "OPEN"])
 
 
 def test_the_prompt_carries_the_ocr_text_and_the_image_metadata():
     p = build_prompt(PROMPT, {"ocr_text": "HOTEL\nOPEN", "width": 640, "height": 480, "format": "JPEG"})
     assert p == 'Describe this image in detail. It shows the text: "HOTEL OPEN". The image is 640x480 pixels.'
-    assert build_prompt(PROMPT, {"ocr_text": "", "width": 8, "height": 9}) == "Describe this image in detail. The image is 8x9 pixels."
+    assert (
+        build_prompt(PROMPT, {"ocr_text": "", "width": 8, "height": 9})
+        == "Describe this image in detail. The image is 8x9 pixels."
+    )
 
 
 def test_vlm_captioner_loads_by_path_and_generates_batched_with_its_settings_recorded(vlm, rows, tmp_path):
-    cfg = load_config(["data.caption.captioner=vlm", f"data.caption.vlm_path={vlm}", "data.caption.batch_size=2", "data.caption.max_new_tokens=6"])
+    cfg = load_config(
+        [
+            "data.caption.captioner=vlm",
+            f"data.caption.vlm_path={vlm}",
+            "data.caption.batch_size=2",
+            "data.caption.max_new_tokens=6",
+        ]
+    )
     captioner = make_captioner(cfg.data.caption)
     assert isinstance(captioner, VLMCaptioner) and isinstance(captioner, Captioner) and captioner.name == "vlm:llava"
     _, processor = load_vlm(str(vlm))
@@ -55,8 +69,16 @@ def test_vlm_captioner_loads_by_path_and_generates_batched_with_its_settings_rec
     assert set(out.rejected.column("reason").to_pylist()) <= {Reason.NO_CAPTION}
     assert kept.num_rows >= 1 and all(c.strip() for c in kept.column("caption").to_pylist())
     decoding = json.loads(kept.column("caption_decoding")[0].as_py())
-    assert decoding == {"model": str(vlm), "prompt": cfg.data.caption.prompt, "batch_size": 2, "max_new_tokens": 6, "min_new_tokens": 1,
-                        "num_beams": 1, "do_sample": False, "seed": 0}
+    assert decoding == {
+        "model": str(vlm),
+        "prompt": cfg.data.caption.prompt,
+        "batch_size": 2,
+        "max_new_tokens": 6,
+        "min_new_tokens": 1,
+        "num_beams": 1,
+        "do_sample": False,
+        "seed": 0,
+    }
     again = caption_ocr_stage(rows, cfg)  # greedy: the same rows give the same captions
     assert again.kept.column("caption").to_pylist() == kept.column("caption").to_pylist()
 
@@ -79,7 +101,13 @@ class TruthStub:
 
 
 def test_ocr_grounding_quotes_text_the_caption_does_not_already_carry(rows):
-    base = TruthStub(['a red sign with the word "SALE", on a blue background', "a yellow circle, on a blue background", "a yellow sign"])
+    base = TruthStub(
+        [
+            'a red sign with the word "SALE", on a blue background',
+            "a yellow circle, on a blue background",
+            "a yellow sign",
+        ]
+    )
     grounded = OCRGroundedCaptioner(base, "rapidocr")
     caps = grounded.caption(rows)
     assert caps[0] == base.captions[0]  # already quotes SALE: unchanged

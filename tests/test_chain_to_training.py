@@ -25,7 +25,11 @@ def run_chain(root) -> None:
     from dagster_project.run import job_for
 
     run_config = {"resources": {"kiln": {"config": {"overrides": OVERRIDES, "data_dir": str(root / "data")}}}}
-    assert job_for(CHAIN, everything=False).execute_in_process(run_config=run_config, instance=dg.DagsterInstance.ephemeral()).success
+    assert (
+        job_for(CHAIN, everything=False)
+        .execute_in_process(run_config=run_config, instance=dg.DagsterInstance.ephemeral())
+        .success
+    )
 
 
 def rejected(root, step: str, reason: str) -> set[str]:
@@ -54,7 +58,10 @@ def chain(tmp_path_factory):
         first = trained_ids(root)
         # before the review: which rows the classifier and semantic dedup reject (after it, a rejected cluster
         # may hold every semantic duplicate, since semantic dedup runs inside the leaf clusters that remain)
-        curation_rejects = rejected(root, "classified", "low_quality"), rejected(root, "semdeduped", "semantic_duplicate")
+        curation_rejects = (
+            rejected(root, "classified", "low_quality"),
+            rejected(root, "semdeduped", "semantic_duplicate"),
+        )
         clusters = [r for r in review_rows(root / "data" / "review.duckdb") if r["level"] == 0]
         target = max(clusters, key=lambda r: r["size"])
         set_decision(root / "data" / "review.duckdb", 0, target["cluster"], "reject", "not for training")

@@ -50,7 +50,9 @@ def data(tmp_path_factory):
 
 
 def _cfg(te, **train):
-    return tiny_config(te, steps=STEPS, warmup_steps=1, holdout=0, **({"dcp": {"every": 2, "keep": 3, "async_save": False}} | train))
+    return tiny_config(
+        te, steps=STEPS, warmup_steps=1, holdout=0, **({"dcp": {"every": 2, "keep": 3, "async_save": False}} | train)
+    )
 
 
 def _flip(path: Path, offset: int = 64, n: int = 4096) -> None:
@@ -164,12 +166,20 @@ KILLER = textwrap.dedent(
 @pytest.mark.slow  # 55 steps in a subprocess
 def test_a_run_killed_at_step_25_with_async_saves_every_10_resumes_from_step_20(tmp_path, data, text_encoder_dir):
     out = tmp_path / "run"
-    child = subprocess.run([sys.executable, "-c", KILLER, str(data), str(out), str(text_encoder_dir)], cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=600)
+    child = subprocess.run(
+        [sys.executable, "-c", KILLER, str(data), str(out), str(text_encoder_dir)],
+        cwd=Path(__file__).parents[1],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, 26))
     assert latest_checkpoint(out).name == "step-000020"  # not step 10: the save was marked when written
 
-    cfg = tiny_config(text_encoder_dir, steps=30, warmup_steps=2, holdout=0, dcp={"every": 10, "keep": 3, "async_save": True})
+    cfg = tiny_config(
+        text_encoder_dir, steps=30, warmup_steps=2, holdout=0, dcp={"every": 10, "keep": 3, "async_save": True}
+    )
     logged_before = (out / "metrics.jsonl").read_text().splitlines()
     train(data, out, cfg, resume=True)
     records = read_metrics(out / "metrics.jsonl")
@@ -246,7 +256,16 @@ def _nan_start(tmp_path: Path, te) -> Path:
 def test_a_non_finite_loss_stops_the_run_after_the_allowed_skips_and_exports_nothing(tmp_path, data, text_encoder_dir):
     out = tmp_path / "run"
     with pytest.raises(NonFiniteTraining, match=r"step 3: loss nan.*3 non-finite steps, train.nonfinite_skip=2"):
-        train(data, out, _cfg(text_encoder_dir, init_from=str(_nan_start(tmp_path, text_encoder_dir)), nonfinite_skip=2, dcp={"every": 0}))
+        train(
+            data,
+            out,
+            _cfg(
+                text_encoder_dir,
+                init_from=str(_nan_start(tmp_path, text_encoder_dir)),
+                nonfinite_skip=2,
+                dcp={"every": 0},
+            ),
+        )
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
     assert not (out / "model.safetensors").exists() and complete_checkpoints(out) == []
 
@@ -254,7 +273,16 @@ def test_a_non_finite_loss_stops_the_run_after_the_allowed_skips_and_exports_not
 def test_non_finite_weights_are_never_exported_even_when_every_step_may_be_skipped(tmp_path, data, text_encoder_dir):
     out = tmp_path / "run"
     with pytest.raises(NonFiniteTraining, match="the weights hold NaN or inf"):
-        train(data, out, _cfg(text_encoder_dir, init_from=str(_nan_start(tmp_path, text_encoder_dir)), nonfinite_skip=1000, dcp={"every": 0}))
+        train(
+            data,
+            out,
+            _cfg(
+                text_encoder_dir,
+                init_from=str(_nan_start(tmp_path, text_encoder_dir)),
+                nonfinite_skip=1000,
+                dcp={"every": 0},
+            ),
+        )
     assert not (out / "model.safetensors").exists() and complete_checkpoints(out) == []
 
 
@@ -286,7 +314,13 @@ def test_a_step_with_a_non_finite_loss_applies_no_update(text_encoder_dir):
     text = gen.encode_text(list(batch.captions))
     before = {k: v.clone() for k, v in gen.state_dict().items()}
     x0[0, 0, 0, 0] = float("nan")
-    result = train_step(Learner(gen, opt, cfg, setup_runtime(cfg)), StepBatch(x0, text, gen.null_text(batch.size)), step_generator(0, 0), 1e-3, 1.0)
+    result = train_step(
+        Learner(gen, opt, cfg, setup_runtime(cfg)),
+        StepBatch(x0, text, gen.null_text(batch.size)),
+        step_generator(0, 0),
+        1e-3,
+        1.0,
+    )
     assert result.skipped and result.loss != result.loss
     assert all(torch.equal(before[k], v) for k, v in gen.state_dict().items()) and not opt.state
 
@@ -308,24 +342,44 @@ def test_a_resume_on_another_train_set_is_refused_unless_allowed(tmp_path, data,
     train(data, out, _cfg(text_encoder_dir), stop_at=2)
     assert json.loads((step_dir(out, 2) / "train_state.json").read_text())["train_set_version"] == dataset_version(data)
     other = write_pack_output(tmp_path / "other", scene_rows(32, seed=6, batch_size=8))
-    with pytest.raises(ResumeMismatch, match=f"trained on train set {dataset_version(data)}, this run reads {dataset_version(other)}.*allow_train_set_change"):
+    with pytest.raises(
+        ResumeMismatch,
+        match=f"trained on train set {dataset_version(data)}, this run reads {dataset_version(other)}.*allow_train_set_change",
+    ):
         train(other, out, _cfg(text_encoder_dir), resume=True)
     with caplog.at_level(logging.WARNING):
-        train(other, out, _cfg(text_encoder_dir, dcp={"every": 2, "keep": 3, "async_save": False, "allow_train_set_change": True}), resume=True)
+        train(
+            other,
+            out,
+            _cfg(text_encoder_dir, dcp={"every": 2, "keep": 3, "async_save": False, "allow_train_set_change": True}),
+            resume=True,
+        )
     assert "allowed by train.dcp.allow_train_set_change" in caplog.text
-    assert json.loads((step_dir(out, STEPS) / "train_state.json").read_text())["train_set_version"] == dataset_version(other)
+    assert json.loads((step_dir(out, STEPS) / "train_state.json").read_text())["train_set_version"] == dataset_version(
+        other
+    )
 
 
 # ------------------------------------------------------------------------------ item 18: code execution
-def test_a_checkpoint_signed_with_another_key_is_refused_unless_trusted(tmp_path, data, text_encoder_dir, monkeypatch, whole):
+def test_a_checkpoint_signed_with_another_key_is_refused_unless_trusted(
+    tmp_path, data, text_encoder_dir, monkeypatch, whole
+):
     out = tmp_path / "run"
     monkeypatch.setenv(KEY_ENV, str(tmp_path / "someone-elses.key"))  # a checkpoint pulled from a DVC remote
     train(data, out, _cfg(text_encoder_dir), stop_at=4)
     monkeypatch.undo()
-    with pytest.raises(CheckpointCorrupt, match=r"(?s)trust_unsigned=true.*step-000004/checksums-rank00000.json is not signed with this user's checkpoint key"):
+    with pytest.raises(
+        CheckpointCorrupt,
+        match=r"(?s)trust_unsigned=true.*step-000004/checksums-rank00000.json is not signed with this user's checkpoint key",
+    ):
         train(data, out, _cfg(text_encoder_dir), resume=True)
     assert complete_checkpoints(out)  # refused, not deleted
-    train(data, out, _cfg(text_encoder_dir, dcp={"every": 2, "keep": 3, "async_save": False, "trust_unsigned": True}), resume=True)
+    train(
+        data,
+        out,
+        _cfg(text_encoder_dir, dcp={"every": 2, "keep": 3, "async_save": False, "trust_unsigned": True}),
+        resume=True,
+    )
     assert _weights_equal(out, whole)
 
 
@@ -346,7 +400,13 @@ def test_crafted_dcp_metadata_runs_no_code_even_when_trusted(tmp_path, data, tex
     marker = tmp_path / "pwned"
     (step / ".metadata").write_bytes(pickle.dumps(_RunsCode(marker)))
     listed = read_manifest(step / manifest_name(0), key=None)
-    write_manifest(step, manifest_name(0), [n for n in listed["files"] if n != "train_state.json"], b"an attacker's key" * 2, pending={"train_state.json": (step / "train_state.json").read_bytes()})
+    write_manifest(
+        step,
+        manifest_name(0),
+        [n for n in listed["files"] if n != "train_state.json"],
+        b"an attacker's key" * 2,
+        pending={"train_state.json": (step / "train_state.json").read_bytes()},
+    )
 
     with pytest.raises(CheckpointCorrupt, match="not signed"):  # untrusted: refused before a byte is unpickled
         train(data, out, _cfg(text_encoder_dir), resume=True)
@@ -381,7 +441,14 @@ def test_an_unsigned_manifest_is_untrusted():
 
 # ------------------------------------------------------------------------------------ two ranks (gloo)
 def _rank_worker(rank: int, world: int, port: int, data: str, out: str, te: str, key: str, resume: bool) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), **{KEY_ENV: key})
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        **{KEY_ENV: key},
+    )
     cfg = _cfg(Path(te), dcp={"every": 2, "keep": 3, "async_save": True})
     train(Path(data), Path(out), cfg, resume=resume, stop_at=None if resume else 4)
 
@@ -399,7 +466,12 @@ def test_two_ranks_sign_their_own_shards_and_fall_back_together_from_a_corrupt_o
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        mp.spawn(_rank_worker, args=(2, port, str(data), str(out), str(text_encoder_dir), os.environ[KEY_ENV], resume), nprocs=2, join=True)
+        mp.spawn(
+            _rank_worker,
+            args=(2, port, str(data), str(out), str(text_encoder_dir), os.environ[KEY_ENV], resume),
+            nprocs=2,
+            join=True,
+        )
 
     out = tmp_path / "run"
     launch(resume=False)

@@ -34,8 +34,10 @@ def test_sample_does_not_depend_on_row_order():
 
 def heads(rule, threshold, reject=True, reason="artifact"):
     """One head; half the ~120-row labelled sample held out, so precision and recall rest on ~10 positives."""
-    return [f"data.classify.heads=[{{name: h, reason: {reason}, rule: '{rule}', threshold: {threshold}, reject: {str(reject).lower()}}}]",
-            "data.classify.holdout=0.5"]
+    return [
+        f"data.classify.heads=[{{name: h, reason: {reason}, rule: '{rule}', threshold: {threshold}, reject: {str(reject).lower()}}}]",
+        "data.classify.holdout=0.5",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,9 @@ def test_head_learns_a_visual_pseudo_label_on_held_out_corpora(held_out_embedded
     docs/curation.md states; the base rate is about 0.15."""
     tp = predicted = positives = 0
     for table in held_out_embedded:
-        out, [report] = classify_rows(table, load_config([*heads("laplacian_var > 300", 0.5), "data.classify.holdout=0.3"]))
+        out, [report] = classify_rows(
+            table, load_config([*heads("laplacian_var > 300", 0.5), "data.classify.holdout=0.3"])
+        )
         check_accounting("classify", table, out)
         assert report.trained and report.positives_holdout > 0
         assert set(out.rejected.column("reason").to_pylist()) <= {Reason.ARTIFACT}
@@ -108,8 +112,14 @@ AI_PROMPT = "Is this image AI-generated? Answer yes or no."
 def embedded(tmp_path_factory):
     """Six drawn scenes (signs and shapes) through the embed stage: EMBEDDED rows the classify stage reads."""
     d = tmp_path_factory.mktemp("scenes")
-    paths = [scene_image(d, f"sign{i}", sign(w, c)) for i, (w, c) in enumerate([("SALE", "red"), ("OPEN", "yellow"), ("STOP", "white")])]
-    paths += [scene_image(d, f"shape{i}", shape(n, c)) for i, (n, c) in enumerate([("circle", "yellow"), ("square", "red"), ("triangle", "green")])]
+    paths = [
+        scene_image(d, f"sign{i}", sign(w, c))
+        for i, (w, c) in enumerate([("SALE", "red"), ("OPEN", "yellow"), ("STOP", "white")])
+    ]
+    paths += [
+        scene_image(d, f"shape{i}", shape(n, c))
+        for i, (n, c) in enumerate([("circle", "yellow"), ("square", "red"), ("triangle", "green")])
+    ]
     out = embed_rows(deduped_rows(paths), ClassicalEmbedder(), max_pixels=64_000_000)
     return check_schema(out.kept, EMBEDDED, "embed")
 
@@ -118,8 +128,10 @@ def vlm_head(path, threshold=0.5, holdout=0.5, **vlm):
     """The override a user writes for one VLM-labelled head (conf/data/*.yaml takes the same keys)."""
     block = {"vlm_path": str(path), "prompt": AI_PROMPT, **vlm}
     fields = ", ".join(f"{k}: {v!r}" if isinstance(v, str) else f"{k}: {v}" for k, v in block.items())
-    return [f"data.classify.heads=[{{name: ai, reason: ai_generated, labeller: vlm, vlm: {{{fields}}}, threshold: {threshold}}}]",
-            f"data.classify.holdout={holdout}"]
+    return [
+        f"data.classify.heads=[{{name: ai, reason: ai_generated, labeller: vlm, vlm: {{{fields}}}, threshold: {threshold}}}]",
+        f"data.classify.holdout={holdout}",
+    ]
 
 
 def vlm_labeller(path, **vlm) -> VLMLabeller:
@@ -129,7 +141,11 @@ def vlm_labeller(path, **vlm) -> VLMLabeller:
 
 def test_vlm_labeller_loads_the_model_by_path_and_gives_one_probability_per_row(vlm, embedded):
     labeller = vlm_labeller(vlm, batch_size=4)
-    assert isinstance(labeller, VLMLabeller) and isinstance(labeller, Labeller) and labeller.name == f"vlm:llava:{vlm.name}"
+    assert (
+        isinstance(labeller, VLMLabeller)
+        and isinstance(labeller, Labeller)
+        and labeller.name == f"vlm:llava:{vlm.name}"
+    )
     p = labeller.probabilities(embedded)
     assert p.shape == (embedded.num_rows,) and ((p > 0) & (p < 1)).all()
     labels = labeller.label(embedded)
@@ -193,7 +209,9 @@ def biased_vlm(vlm, out, rows, says_yes: list[bool]):
     h = res.hidden_states[-1][:, -1].double()
     lm_head = model.get_output_embeddings()
     torch.testing.assert_close(lm_head(h.float()), res.logits[:, -1])  # h is what the logits are read from
-    u = torch.linalg.lstsq(h, torch.tensor([1.0 if y else -1.0 for y in says_yes], dtype=torch.float64)[:, None]).solution[:, 0]
+    u = torch.linalg.lstsq(
+        h, torch.tensor([1.0 if y else -1.0 for y in says_yes], dtype=torch.float64)[:, None]
+    ).solution[:, 0]
     with torch.no_grad():
         for word, sign_ in (("yes", 1), ("no", -1)):
             for t in answer_token_ids(processor.tokenizer, word):
@@ -222,11 +240,15 @@ def test_a_vlm_that_calls_signs_ai_generated_trains_a_head_that_rejects_the_sign
     out, [report] = classify_rows(embedded, cfg)
     check_accounting("classify", embedded, out)
     assert report.trained and report.note == ""
-    assert (report.n_train, report.n_holdout) == (5, 1) and report.positives_train + report.positives_holdout == sum(signs)
+    assert (report.n_train, report.n_holdout) == (5, 1) and report.positives_train + report.positives_holdout == sum(
+        signs
+    )
     assert report.labeller == f"vlm:llava:{biased.name}" and report.labeller_decoding["model"] == str(biased)
     assert set(out.rejected.column("reason").to_pylist()) == {Reason.AI_GENERATED}
     sign_ids = {i for i, y in zip(embedded.column("id").to_pylist(), signs) if y}
-    assert set(out.rejected.column("id").to_pylist()) == sign_ids  # the head learnt the VLM's labels from the embeddings
+    assert (
+        set(out.rejected.column("id").to_pylist()) == sign_ids
+    )  # the head learnt the VLM's labels from the embeddings
     assert report.rejected == len(sign_ids)
 
 

@@ -23,10 +23,16 @@ def kiln(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         (["stage", "bogus", "--input", "in", "--output", "out"], "unknown stage 'bogus'; stages: ingest"),
         (["map", "filter", "--input", "in", "--output", "in"], "the output in is the input; choose another --output"),
         (["map", "filter", "--input", "nowhere", "--output", "out"], "filter: the input nowhere does not exist"),
-        (["submit", "stage", "filter", "--input", "in", "--output", "in", "cluster=test"], "the output in is the input"),  # before any Slurm job
+        (
+            ["submit", "stage", "filter", "--input", "in", "--output", "in", "cluster=test"],
+            "the output in is the input",
+        ),  # before any Slurm job
         (["train", "--data", "nonexistent", "--out", "ckpt"], "no Parquet shards under nonexistent (no such folder)"),
         (["review", "approve", "3"], "no clustering run yet: no review table at data/review.duckdb"),
-        (["run", "--select", "bogus", "data.demo.n=40"], "no asset 'bogus'; assets: captioned"),  # the override after --select is not taken for an asset
+        (
+            ["run", "--select", "bogus", "data.demo.n=40"],
+            "no asset 'bogus'; assets: captioned",
+        ),  # the override after --select is not taken for an asset
     ],
 )
 def test_a_user_error_is_one_line_and_exit_2_and_creates_nothing(tmp_path, args, says):

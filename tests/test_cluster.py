@@ -88,7 +88,9 @@ def test_rejected_cluster_disappears_from_the_next_run_with_its_reason(demo_embe
     parser = argparse.ArgumentParser()
     add_review_parser(parser.add_subparsers(dest="command"))
     target = max(rows, key=lambda r: r["size"])
-    args = parser.parse_args(["review", "reject", f"0:{target['cluster']}", "--db", str(db), "--note", "not for training"])
+    args = parser.parse_args(
+        ["review", "reject", f"0:{target['cluster']}", "--db", str(db), "--note", "not for training"]
+    )
     assert review_cli(args) == 0
 
     second = run_stage("cluster", root / "embedded", tmp_path / "c2", cfg)
@@ -108,15 +110,27 @@ def test_rejected_cluster_disappears_from_the_next_run_with_its_reason(demo_embe
 def test_outlier_flagging_writes_only_small_or_loose_clusters(demo_embedded, tmp_path):
     overrides, root = demo_embedded
     db = tmp_path / "r.duckdb"
-    cfg = load_config([*overrides, f"data.clustering.review_db={db}", "data.clustering.flag=outliers",
-                       "data.clustering.flag_min_size=15", "data.clustering.flag_max_cohesion=-1"])
+    cfg = load_config(
+        [
+            *overrides,
+            f"data.clustering.review_db={db}",
+            "data.clustering.flag=outliers",
+            "data.clustering.flag_min_size=15",
+            "data.clustering.flag_max_cohesion=-1",
+        ]
+    )
     run_stage("cluster", root / "embedded", tmp_path / "c", cfg)
     assert all(r["size"] < 15 and r["flag_reason"].startswith("small") for r in review_rows(db))
 
 
 def test_balanced_sample_spreads_over_clusters(demo_embedded, tmp_path):
     overrides, root = demo_embedded
-    run_stage("cluster", root / "embedded", tmp_path / "c", cfg_for([*overrides, f"data.clustering.review_db={tmp_path / 'r.duckdb'}"]))
+    run_stage(
+        "cluster",
+        root / "embedded",
+        tmp_path / "c",
+        cfg_for([*overrides, f"data.clustering.review_db={tmp_path / 'r.duckdb'}"]),
+    )
     kept = read_dataset(tmp_path / "c" / "kept")
     sample = balanced_sample(kept, 32, seed=0)
     assert sample.num_rows == 32 and sample.equals(balanced_sample(kept, 32, seed=0))
@@ -136,7 +150,9 @@ def test_a_vlm_names_a_cluster_from_its_nearest_images(demo_embedded, vlm):
     from assets.cluster import make_namer
 
     overrides, root = demo_embedded
-    cfg = load_config([*overrides, "data.clustering.namer=vlm", f"data.clustering.namer_vlm_path={vlm}", "data.clustering.name_n=3"])
+    cfg = load_config(
+        [*overrides, "data.clustering.namer=vlm", f"data.clustering.namer_vlm_path={vlm}", "data.clustering.name_n=3"]
+    )
     namer = make_namer(cfg)
     nearest = read_dataset(root / "embedded" / "kept").slice(0, 3)
     name = namer.name_cluster(nearest)

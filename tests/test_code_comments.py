@@ -13,7 +13,12 @@ THIS = Path(__file__).resolve()
 
 
 def source_files(root: Path) -> list[Path]:
-    return sorted(p for d in SOURCES for p in (root / d).rglob("*") if p.suffix in (".py", ".sh", ".yaml") and p.is_file() and p.resolve() != THIS)
+    return sorted(
+        p
+        for d in SOURCES
+        for p in (root / d).rglob("*")
+        if p.suffix in (".py", ".sh", ".yaml") and p.is_file() and p.resolve() != THIS
+    )
 
 
 def _lines(root: Path):

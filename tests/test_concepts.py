@@ -17,15 +17,28 @@ from kiln.config import ConceptConfig
 from kiln.schemas import CONCEPT_COUNTS, CONCEPT_WEIGHTS
 from kiln.stage import write_table
 
-CAPTIONS = ["a red circle, on a blue background"] * 12 + ["two green squares", 'a sign with the word "STOP"', "a stop sign", "three circles"]
+CAPTIONS = ["a red circle, on a blue background"] * 12 + [
+    "two green squares",
+    'a sign with the word "STOP"',
+    "a stop sign",
+    "three circles",
+]
 
 
 def pool() -> pa.Table:
-    return pa.table({"id": [f"r{i:02d}" for i in range(len(CAPTIONS))], "caption": CAPTIONS, "ocr_text": ["STOP" if "STOP" in c else "" for c in CAPTIONS]})
+    return pa.table(
+        {
+            "id": [f"r{i:02d}" for i in range(len(CAPTIONS))],
+            "caption": CAPTIONS,
+            "ocr_text": ["STOP" if "STOP" in c else "" for c in CAPTIONS],
+        }
+    )
 
 
 def concepts() -> pa.Table:
-    return pa.table({"concept": ["circle", "stop sign", "square", "blue background", "giraffe"], "rank": [1, 2, 3, 4, 5]})
+    return pa.table(
+        {"concept": ["circle", "stop sign", "square", "blue background", "giraffe"], "rank": [1, 2, 3, 4, 5]}
+    )
 
 
 def terms(text: str) -> list[str]:
@@ -72,7 +85,9 @@ def test_search_matches_phrases_in_order_and_plurals():
 
 @pytest.mark.parametrize("alpha, max_weight", [(1.0, 10.0), (0.5, 10.0), (1.0, 2.0)])  # the last caps the rare rows
 def test_weights_follow_the_documented_formula_and_raise_rare_concepts(alpha, max_weight):
-    cov = coverage(pool(), concepts(), ConceptConfig(columns=["caption", "ocr_text"], alpha=alpha, max_weight=max_weight))
+    cov = coverage(
+        pool(), concepts(), ConceptConfig(columns=["caption", "ocr_text"], alpha=alpha, max_weight=max_weight)
+    )
     assert cov.counts.schema.equals(CONCEPT_COUNTS) and cov.weights.schema.equals(CONCEPT_WEIGHTS)
     assert cov.weights.num_rows == pool().num_rows  # nothing lost: every row gets a weight
     hits = expected_hits(pool(), concepts())
@@ -105,7 +120,11 @@ def test_coverage_asset_is_written_from_csv_or_parquet_reproducibly(tmp_path):
     write_table(pool(), tmp_path / "pool" / "kept" / "part-00000.parquet")
     csv = tmp_path / "c.csv"
     csv.write_text("concept,rank\ncircle,1\nstop sign,2\n square ,3\nsquare,9\n,4\n")
-    assert load_concepts(csv).to_pylist() == [{"concept": "circle", "rank": 1}, {"concept": "stop sign", "rank": 2}, {"concept": "square", "rank": 3}]
+    assert load_concepts(csv).to_pylist() == [
+        {"concept": "circle", "rank": 1},
+        {"concept": "stop sign", "rank": 2},
+        {"concept": "square", "rank": 3},
+    ]
     pq.write_table(concepts(), tmp_path / "c.parquet")
     assert load_concepts(tmp_path / "c.parquet").num_rows == 5
     report = write_coverage(tmp_path / "pool", tmp_path / "a", ConceptConfig(path=str(csv)))

@@ -21,7 +21,9 @@ def test_overrides_are_typed():
 
 
 def test_unknown_key_names_the_key_and_the_override():
-    with pytest.raises(ConfigError, match=r"data\.filters\.min_sizee: unknown key \(from override '\+data\.filters\.min_sizee=3'\)"):
+    with pytest.raises(
+        ConfigError, match=r"data\.filters\.min_sizee: unknown key \(from override '\+data\.filters\.min_sizee=3'\)"
+    ):
         load_config(["+data.filters.min_sizee=3"])
 
 
@@ -41,8 +43,14 @@ def test_unknown_key_in_a_file_names_the_file(tmp_path, monkeypatch):
 
 def test_a_schema_key_the_yaml_never_wrote_is_overridable_and_a_typo_is_named():
     cfg = load_config(["train.parallel.tp=2", "train.telemetry.spike_z=3"])  # conf/train/demo.yaml has neither
-    assert cfg.train.parallel.tp == 2 and cfg.train.telemetry.spike_z == 3.0 and cfg.train.steps == load_config([]).train.steps
-    with pytest.raises(ConfigError, match=r"train\.parallel\.tpp: unknown key \(from override 'train\.parallel\.tpp=2'\)"):
+    assert (
+        cfg.train.parallel.tp == 2
+        and cfg.train.telemetry.spike_z == 3.0
+        and cfg.train.steps == load_config([]).train.steps
+    )
+    with pytest.raises(
+        ConfigError, match=r"train\.parallel\.tpp: unknown key \(from override 'train\.parallel\.tpp=2'\)"
+    ):
         load_config(["train.parallel.tpp=2"])
 
 
@@ -58,12 +66,19 @@ def test_config_is_frozen():
 
 
 def test_cli_config_show_prints_the_composed_config():
-    out = subprocess.run([sys.executable, "-m", "kiln.cli", "config", "show", "train.steps=11"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "kiln.cli", "config", "show", "train.steps=11"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "steps: 11" in out and "min_side:" in out
 
 
 def test_cli_config_show_fails_with_exit_2_on_a_bad_key():
-    r = subprocess.run([sys.executable, "-m", "kiln.cli", "config", "show", "+train.nope=1"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "kiln.cli", "config", "show", "+train.nope=1"], capture_output=True, text=True
+    )
     assert r.returncode == 2 and "train.nope: unknown key" in r.stderr
 
 
@@ -78,8 +93,15 @@ def test_the_real_data_profile_holds_no_threshold_and_its_defaults_are_the_schem
 
     from kiln.paths import CONF_DIR
 
-    assert not yaml.safe_load((CONF_DIR / "data" / "web.yaml").read_text())  # every key the schema's; the run names its source
-    models = ["data.caption.captioner=source", "data.embed.embedder=classical", "data.rewrite.rewriter=rules", "data.stand_ins=[classical_embedder,rules_rewriter]"]
+    assert not yaml.safe_load(
+        (CONF_DIR / "data" / "web.yaml").read_text()
+    )  # every key the schema's; the run names its source
+    models = [
+        "data.caption.captioner=source",
+        "data.embed.embedder=classical",
+        "data.rewrite.rewriter=rules",
+        "data.stand_ins=[classical_embedder,rules_rewriter]",
+    ]
     web = load_config(["data=web", "data.source=/imgs", *models])
     assert web.data.filters == KilnConfig().data.filters and web.data.dedup == KilnConfig().data.dedup
 
@@ -95,22 +117,43 @@ def test_a_real_profile_without_its_models_fails_at_load_naming_each_key_and_the
 
 
 def test_a_model_folder_that_is_not_there_is_named(tmp_path):
-    with pytest.raises(ConfigError, match=r"data\.embed\.path: the embedder's model folder .*/nowhere does not exist \(from override"):
+    with pytest.raises(
+        ConfigError, match=r"data\.embed\.path: the embedder's model folder .*/nowhere does not exist \(from override"
+    ):
         load_config(["data=web", "data.source=/imgs", f"data.embed.path={tmp_path / 'nowhere'}"])
 
 
 def test_a_stand_in_must_be_named_as_one(tmp_path):
-    with pytest.raises(ConfigError, match=r"data\.embed\.embedder: classical is an offline stand-in .*data\.stand_ins: \[classical_embedder\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"data\.embed\.embedder: classical is an offline stand-in .*data\.stand_ins: \[classical_embedder\]",
+    ):
         load_config(["data.stand_ins=[scene_metadata_captioner,rules_labeller,rules_rewriter]"])
     with pytest.raises(ConfigError, match=r"data\.source: no source set"):
-        load_config(["data=web", f"data.caption.vlm_path={tmp_path}", f"data.embed.path={tmp_path}", f"data.rewrite.llm_path={tmp_path}"])
+        load_config(
+            [
+                "data=web",
+                f"data.caption.vlm_path={tmp_path}",
+                f"data.embed.path={tmp_path}",
+                f"data.rewrite.llm_path={tmp_path}",
+            ]
+        )
 
 
 def test_the_demo_profile_names_its_stand_ins_and_runs():
     cfg = load_config()
     assert cfg.data.source == "demo"
-    assert set(cfg.data.stand_ins) == {"scene_metadata_captioner", "classical_embedder", "rules_labeller", "rules_rewriter"}
-    assert (cfg.data.caption.captioner, cfg.data.embed.embedder, cfg.data.rewrite.rewriter) == ("scene_metadata", "classical", "rules")
+    assert set(cfg.data.stand_ins) == {
+        "scene_metadata_captioner",
+        "classical_embedder",
+        "rules_labeller",
+        "rules_rewriter",
+    }
+    assert (cfg.data.caption.captioner, cfg.data.embed.embedder, cfg.data.rewrite.rewriter) == (
+        "scene_metadata",
+        "classical",
+        "rules",
+    )
 
 
 def test_the_kept_group_composition_with_value_overrides_applied_is_hydras_own_composition():
@@ -127,7 +170,11 @@ def test_the_kept_group_composition_with_value_overrides_applied_is_hydras_own_c
              ["ladder.domains=[]"], ["data.rewrite.form_probs={long:1.0}"], ["train.steps=5", "~train.mix"], ["+train.nope=1"]]  # fmt: skip
     for ladder in ([], ["ladder=krea"]):
         for r in all_rungs(load_config(ladder)):
-            cases += [train_set_overrides(r, ladder, "DATA_ROOT"), checkpoint_overrides(r, ladder, "data"), rung_base(r, ladder)]
+            cases += [
+                train_set_overrides(r, ladder, "DATA_ROOT"),
+                checkpoint_overrides(r, ladder, "data"),
+                rung_base(r, ladder),
+            ]
 
     def plain(make, overrides):
         try:

@@ -48,7 +48,11 @@ def unbounded_numbers(tp, metadata=(), path: str = "") -> list[str]:
     if origin is dict:
         return unbounded_numbers(args[1], (), f"{path}{{}}")
     if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return [p for name, f in tp.model_fields.items() for p in unbounded_numbers(f.annotation, f.metadata, f"{path}.{name}".lstrip("."))]
+        return [
+            p
+            for name, f in tp.model_fields.items()
+            for p in unbounded_numbers(f.annotation, f.metadata, f"{path}.{name}".lstrip("."))
+        ]
     if tp in (int, float):  # bool is neither: typing keeps it apart
         low, high = _bounds(metadata)
         return [] if low and high else [f"{path} ({'no lower bound' if not low else 'no upper bound'})"]
@@ -129,20 +133,50 @@ def test_a_nonsense_number_inside_a_list_or_dict_is_named_by_its_position(overri
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["data.filters.min_laplacian_var=30000"], r"data\.filters: min_laplacian_var \(30000\.0\) must be below max_laplacian_var \(12000\.0\)"),
-        (["data.filters.min_laplacian_var=50", "data.filters.max_laplacian_var=50"], r"data\.filters: min_laplacian_var \(50\.0\) must be below max_laplacian_var \(50\.0\)"),
+        (
+            ["data.filters.min_laplacian_var=30000"],
+            r"data\.filters: min_laplacian_var \(30000\.0\) must be below max_laplacian_var \(12000\.0\)",
+        ),
+        (
+            ["data.filters.min_laplacian_var=50", "data.filters.max_laplacian_var=50"],
+            r"data\.filters: min_laplacian_var \(50\.0\) must be below max_laplacian_var \(50\.0\)",
+        ),
         (["data.filters.min_side=9000"], r"data\.filters: min_side \(9000\) squared is above max_pixels \(64000000\)"),
-        (["data.caption.min_new_tokens=100"], r"data\.caption: min_new_tokens \(100\) must be at most max_new_tokens \(64\)"),
-        (["data.rewrite.max_new_tokens=4", "data.rewrite.min_new_tokens=5"], r"data\.rewrite: min_new_tokens \(5\) must be at most max_new_tokens \(4\)"),
-        (["data.rewrite.lengths.short=[50,10]"], r"data\.rewrite: lengths\.short \[min, max\] = \[50, 10\]: min above max"),
-        (["data.rewrite.form_probs={long: 0, medium: 0, short: 0, tags: 0, json: 0}"], r"data\.rewrite: form_probs .* sum to 0"),
-        (["data.mixes.midtrain=[{name: a, where: 'true', share: 0.5}]"], r"data\.mixes: midtrain shares sum to 0\.5, not 1"),
+        (
+            ["data.caption.min_new_tokens=100"],
+            r"data\.caption: min_new_tokens \(100\) must be at most max_new_tokens \(64\)",
+        ),
+        (
+            ["data.rewrite.max_new_tokens=4", "data.rewrite.min_new_tokens=5"],
+            r"data\.rewrite: min_new_tokens \(5\) must be at most max_new_tokens \(4\)",
+        ),
+        (
+            ["data.rewrite.lengths.short=[50,10]"],
+            r"data\.rewrite: lengths\.short \[min, max\] = \[50, 10\]: min above max",
+        ),
+        (
+            ["data.rewrite.form_probs={long: 0, medium: 0, short: 0, tags: 0, json: 0}"],
+            r"data\.rewrite: form_probs .* sum to 0",
+        ),
+        (
+            ["data.mixes.midtrain=[{name: a, where: 'true', share: 0.5}]"],
+            r"data\.mixes: midtrain shares sum to 0\.5, not 1",
+        ),
         (["data.sae.k=100"], r"data\.sae: k \(100\) must be at most features \(32\)"),
         (["data.sae.reject_features=[40]"], r"data\.sae: reject_features \[40\] are not below features \(32\)"),
-        (["data.clustering.review_level=3"], r"data\.clustering: review_level \(3\) is not an index into levels \[8, 24, 48\]"),
-        (["train.timestep_shift=1.0", "train.timestep_max_shift=0.5"], r"train: timestep_shift \(1\.0\) must be at most timestep_max_shift \(0\.5\)"),
+        (
+            ["data.clustering.review_level=3"],
+            r"data\.clustering: review_level \(3\) is not an index into levels \[8, 24, 48\]",
+        ),
+        (
+            ["train.timestep_shift=1.0", "train.timestep_max_shift=0.5"],
+            r"train: timestep_shift \(1\.0\) must be at most timestep_max_shift \(0\.5\)",
+        ),
         (["train.pma_k=4"], r"train: pma_k \(4\) must be at most dcp\.keep \(3\)"),
-        (["cluster.timeout_min=1"], r"cluster: signal_delay_s \(90\) must be below the time limit, timeout_min \(1 min\)"),
+        (
+            ["cluster.timeout_min=1"],
+            r"cluster: signal_delay_s \(90\) must be below the time limit, timeout_min \(1 min\)",
+        ),
     ],
 )
 def test_a_min_above_its_max_fails_naming_both_keys(overrides, message):
@@ -157,7 +191,11 @@ def test_a_pair_error_says_where_each_of_its_two_values_came_from():
 
 
 # ------------------------------------------------------------------------------ every profile still loads
-PROFILES = [f"{group}={p.stem}" for group in ("train", "cluster", "ladder", "metrics", "model") for p in sorted((CONF_DIR / group).glob("*.yaml"))]
+PROFILES = [
+    f"{group}={p.stem}"
+    for group in ("train", "cluster", "ladder", "metrics", "model")
+    for p in sorted((CONF_DIR / group).glob("*.yaml"))
+]
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -174,7 +212,15 @@ def test_every_rung_of_every_ladder_loads_with_its_overrides():
 
 
 def test_the_web_profile_loads_once_given_its_models(tmp_path):
-    load_config(["data=web", "data.source=s3://bucket/images/", f"data.caption.vlm_path={tmp_path}", f"data.embed.path={tmp_path}", f"data.rewrite.llm_path={tmp_path}"])
+    load_config(
+        [
+            "data=web",
+            "data.source=s3://bucket/images/",
+            f"data.caption.vlm_path={tmp_path}",
+            f"data.embed.path={tmp_path}",
+            f"data.rewrite.llm_path={tmp_path}",
+        ]
+    )
 
 
 # ------------------------------------------------------------------------------ holdout against the data
@@ -188,7 +234,9 @@ def six_rows(tmp_path) -> Path:
 def test_holding_out_every_row_fails_naming_the_key_the_row_count_and_the_folder(six_rows):
     from training.core.data import TrainSet
 
-    with pytest.raises(ConfigError, match=rf"train\.holdout=6: no row is left to train on, the train set {six_rows} has 6 rows"):
+    with pytest.raises(
+        ConfigError, match=rf"train\.holdout=6: no row is left to train on, the train set {six_rows} has 6 rows"
+    ):
         TrainSet.from_dir(six_rows, 4, holdout=6)
     with pytest.raises(ConfigError, match=r"train\.holdout=32: .* has 6 rows"):
         TrainSet.from_dir(six_rows, 4, holdout=32)
@@ -200,5 +248,8 @@ def test_kiln_train_refuses_a_holdout_larger_than_the_data_with_a_plain_message(
 
     assert main(["train", "--data", str(six_rows), "--out", str(tmp_path / "run"), "train.holdout=10"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("kiln: train.holdout=10: no row is left to train on") and f"the train set {six_rows} has 6 rows" in err
+    assert (
+        err.startswith("kiln: train.holdout=10: no row is left to train on")
+        and f"the train set {six_rows} has 6 rows" in err
+    )
     assert "Traceback" not in err

@@ -38,7 +38,9 @@ def product_code(root: Path = REPO_ROOT) -> str:
         for path in sorted((root / package).rglob("*.py")):
             text = path.read_text()
             if path.parent == root / "kiln" / "config":
-                text = "\n".join(line for line in text.splitlines() if not re.match(r"\s+\w+: .+ = |\s+\w+: [\w\[\], |]+$", line))
+                text = "\n".join(
+                    line for line in text.splitlines() if not re.match(r"\s+\w+: .+ = |\s+\w+: [\w\[\], |]+$", line)
+                )
             parts.append(text)
     return "\n".join(parts)
 
@@ -77,8 +79,12 @@ def test_a_train_file_key_that_every_rung_of_its_ladder_overrides_says_so():
         rungs = [*yaml.safe_load(ladder_file.read_text()).get("rungs", [])]
         for train in {r["train"] for r in rungs}:
             users = [r for r in rungs if r["train"] == train]
-            overridden = set.intersection(*({o.split("=", 1)[0].removeprefix("train.") for o in r.get("overrides", [])} for r in users))
+            overridden = set.intersection(
+                *({o.split("=", 1)[0].removeprefix("train.") for o in r.get("overrides", [])} for r in users)
+            )
             path = REPO_ROOT / "conf" / "train" / f"{train}.yaml"
             lines = {line.split(":", 1)[0]: line for line in path.read_text().splitlines() if re.match(r"^\w+:", line)}
             silent = [k for k in sorted(overridden & set(lines)) if not re.search(r"#.*\b(ladder|rungs?)\b", lines[k])]
-            assert not silent, f"{path.name}: {silent} are overridden by every rung of {ladder_file.name} and do not say so"
+            assert not silent, (
+                f"{path.name}: {silent} are overridden by every rung of {ladder_file.name} and do not say so"
+            )

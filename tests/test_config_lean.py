@@ -18,7 +18,9 @@ GROUP_MODELS: dict[str, type[BaseModel]] = {name: type(getattr(schema.KilnConfig
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:
     """The pydantic model an annotation holds (`X`, `X | None`), else None."""
-    for a in (annotation, *get_args(annotation)) if get_origin(annotation) in (Union, type(int | None)) else (annotation,):
+    for a in (
+        (annotation, *get_args(annotation)) if get_origin(annotation) in (Union, type(int | None)) else (annotation,)
+    ):
         if isinstance(a, type) and issubclass(a, BaseModel):
             return a
     return None
@@ -65,7 +67,11 @@ def _walk(model: type[BaseModel], data: dict, defaults: Any, base: Any, where: s
         if field is None:
             problems.append(f"{dotted}: not a key of {model.__name__} (a dead key)")
             continue
-        default = defaults.get(key, MISSING) if isinstance(defaults, dict) else _plain(field.get_default(call_default_factory=True))
+        default = (
+            defaults.get(key, MISSING)
+            if isinstance(defaults, dict)
+            else _plain(field.get_default(call_default_factory=True))
+        )
         inherited = base.get(key, MISSING) if isinstance(base, dict) else MISSING
         sub, items = _model_in(field.annotation), _items_model(field.annotation)
         if sub is not None and isinstance(value, dict):
@@ -77,7 +83,9 @@ def _walk(model: type[BaseModel], data: dict, defaults: Any, base: Any, where: s
                     problems += _walk(items, item, None, MISSING, f"{dotted}.{i}.")
         would_be = inherited if inherited is not MISSING else default
         if would_be is not MISSING and _plain(value) == would_be:
-            problems.append(f"{dotted}: {value!r} is already {'its base' if inherited is not MISSING else 'the schema default'}")
+            problems.append(
+                f"{dotted}: {value!r} is already {'its base' if inherited is not MISSING else 'the schema default'}"
+            )
     return problems
 
 
@@ -104,7 +112,11 @@ def test_conf_sets_only_schema_keys_and_only_values_that_differ():
     [
         ("train/demo.yaml", "seed: 0", "train/demo.yaml: seed: 0 is already the schema default"),
         ("train/demo.yaml", "sample: {steps: 20}", "train/demo.yaml: sample.steps: 20 is already the schema default"),
-        ("data/demo.yaml", "ingest: {shard_size: 2000}", "data/demo.yaml: ingest.shard_size: 2000 is already the schema default"),
+        (
+            "data/demo.yaml",
+            "ingest: {shard_size: 2000}",
+            "data/demo.yaml: ingest.shard_size: 2000 is already the schema default",
+        ),
         ("train/sft.yaml", "device: cuda", "train/sft.yaml: device: 'cuda' is already its base"),
         ("model/tiny.yaml", "patch_sise: 4", "model/tiny.yaml: patch_sise: not a key of ModelConfig (a dead key)"),
         ("config.yaml", "seed: 0", "config.yaml: seed: not a key of KilnConfig (a dead key)"),
@@ -124,5 +136,7 @@ def test_a_head_of_the_demo_that_restates_its_threshold_is_named(tmp_path):
 
     shutil.copytree(CONF_DIR, tmp_path / "conf")
     path = tmp_path / "conf" / "data" / "demo.yaml"
-    path.write_text(path.read_text().replace("laplacian_var < 90\"}", "laplacian_var < 90\", threshold: 0.9}", 1))
-    assert lean_problems(tmp_path / "conf") == ["data/demo.yaml: classify.heads.0.threshold: 0.9 is already the schema default"]
+    path.write_text(path.read_text().replace('laplacian_var < 90"}', 'laplacian_var < 90", threshold: 0.9}', 1))
+    assert lean_problems(tmp_path / "conf") == [
+        "data/demo.yaml: classify.heads.0.threshold: 0.9 is already the schema default"
+    ]

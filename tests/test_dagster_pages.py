@@ -34,11 +34,27 @@ def checkpoint_dir(tmp_path) -> Path:
     out = tmp_path / "checkpoint"
     out.mkdir()
     config = json.loads(load_config([]).model_dump_json())
-    state = {"bucket": "32x32", "config": config, "final_loss": 0.183, "holdout": 32, "loss_ema": 0.133, "num_params": 4802225, "position": {"batch": 3, "epoch": 11}, "rows": 164, "step": 140}
+    state = {
+        "bucket": "32x32",
+        "config": config,
+        "final_loss": 0.183,
+        "holdout": 32,
+        "loss_ema": 0.133,
+        "num_params": 4802225,
+        "position": {"batch": 3, "epoch": 11},
+        "rows": 164,
+        "step": 140,
+    }
     (out / "train_state.json").write_text(json.dumps(state))
-    (out / "throughput.json").write_text(json.dumps({"mfu": None, "samples_per_s": 6.9, "tokens_per_s": 412.2, "steps": 140, "wall_s": 279.0}))
-    (out / "train_data.json").write_text(json.dumps({"train_set_version": "89386b03", "mix": "sft", "caption_forms_drawn": {"long": 926}}))
-    (out / "loss.csv").write_text("step,loss,grad_norm,lr\n" + "".join(f"{i},{1 / i:.5f},0.2,0.001\n" for i in range(1, 141)))
+    (out / "throughput.json").write_text(
+        json.dumps({"mfu": None, "samples_per_s": 6.9, "tokens_per_s": 412.2, "steps": 140, "wall_s": 279.0})
+    )
+    (out / "train_data.json").write_text(
+        json.dumps({"train_set_version": "89386b03", "mix": "sft", "caption_forms_drawn": {"long": 926}})
+    )
+    (out / "loss.csv").write_text(
+        "step,loss,grad_norm,lr\n" + "".join(f"{i},{1 / i:.5f},0.2,0.001\n" for i in range(1, 141))
+    )
     return out
 
 
@@ -47,7 +63,9 @@ def test_a_checkpoint_page_leads_with_its_key_figures(checkpoint_dir):
     assert list(md)[: len(KEY_FIGURES)] == list(KEY_FIGURES)
     assert md["final_loss"] == 0.183 and md["tokens_per_s"] == 412.2 and md["train_set_version"] == "89386b03"
     assert "peak FLOP/s" in md["mfu"].value  # a CPU run has no MFU: the page says why instead of leaving it out
-    assert len(md["loss_curve"].value) < INLINE_LIMIT and "data:image/svg+xml;base64," in md["loss_curve"].value  # shown without a click
+    assert (
+        len(md["loss_curve"].value) < INLINE_LIMIT and "data:image/svg+xml;base64," in md["loss_curve"].value
+    )  # shown without a click
 
 
 def test_a_checkpoint_keeps_its_config_as_one_json_entry(checkpoint_dir):
@@ -59,10 +77,18 @@ def test_a_checkpoint_keeps_its_config_as_one_json_entry(checkpoint_dir):
 
 
 def test_a_post_training_checkpoint_leads_with_its_gain_and_its_own_curve(checkpoint_dir):
-    (checkpoint_dir / "dpo_history.jsonl").write_text("".join(json.dumps({"step": i, "loss": 0.7 - i / 100}) + "\n" for i in range(20)))
-    md = checkpoint_page(checkpoint_dir, headline={"prompt_following_gain.all": 0.12}, curve=(checkpoint_dir / "dpo_history.jsonl", "loss"))
+    (checkpoint_dir / "dpo_history.jsonl").write_text(
+        "".join(json.dumps({"step": i, "loss": 0.7 - i / 100}) + "\n" for i in range(20))
+    )
+    md = checkpoint_page(
+        checkpoint_dir,
+        headline={"prompt_following_gain.all": 0.12},
+        curve=(checkpoint_dir / "dpo_history.jsonl", "loss"),
+    )
     assert list(md)[:3] == ["prompt_following_gain.all", "loss_curve", "samples"]
-    assert "final_loss" not in md and "tokens_per_s" not in md  # the base's run, copied into the folder, is not this one's
+    assert (
+        "final_loss" not in md and "tokens_per_s" not in md
+    )  # the base's run, copied into the folder, is not this one's
 
 
 def metrics_json(eval_dir: Path, baseline: bool = True) -> dict:
@@ -71,14 +97,37 @@ def metrics_json(eval_dir: Path, baseline: bool = True) -> dict:
     metrics = {
         "checkpoint": {"step": 140, "final_loss": 0.18},
         "heldout_loss": {"mean": 0.142, "t=0.5": 0.108},
-        "prompt_following": {"all": 0.0, "color": 0.42, "shape": 0.07, "count": 0.33, "position": 0.04, "background": 0.67},
+        "prompt_following": {
+            "all": 0.0,
+            "color": 0.42,
+            "shape": 0.07,
+            "count": 0.33,
+            "position": 0.04,
+            "background": 0.67,
+        },
         "distribution": unset,
-        "distribution_setup": {"extractors": {"fid": "skipped: metrics.fid_extractor is not set", "cmmd": "skipped: metrics.clip_extractor is not set",
-                                              "dino_mmd": "skipped: metrics.dino_extractor is not set"}},  # fmt: skip
+        "distribution_setup": {
+            "extractors": {
+                "fid": "skipped: metrics.fid_extractor is not set",
+                "cmmd": "skipped: metrics.clip_extractor is not set",
+                "dino_mmd": "skipped: metrics.dino_extractor is not set",
+            }
+        },  # fmt: skip
         "throughput": {"tokens_per_s": 412.2, "mfu": None},
     }
     if baseline:
-        metrics["baseline"] = {"heldout_loss": {"mean": 1.388}, "prompt_following": {"all": 0.0, "color": 0.0, "shape": 0.0, "count": 0.0, "position": 0.0, "background": 0.08}, "distribution": unset}
+        metrics["baseline"] = {
+            "heldout_loss": {"mean": 1.388},
+            "prompt_following": {
+                "all": 0.0,
+                "color": 0.0,
+                "shape": 0.0,
+                "count": 0.0,
+                "position": 0.0,
+                "background": 0.08,
+            },
+            "distribution": unset,
+        }
     eval_dir.mkdir(parents=True, exist_ok=True)
     (eval_dir / "metrics.json").write_text(json.dumps(metrics))
     return metrics
@@ -88,7 +137,9 @@ def test_the_evaluation_page_leads_with_a_table_against_the_untrained_baseline_a
     from training.evaluation.protocol import history_csv, history_row
 
     metrics = metrics_json(tmp_path / "eval")
-    (tmp_path / "eval" / "history.csv").write_text(history_csv([history_row({**metrics, "checkpoint": {"step": s}}) for s in (70, 140)]))
+    (tmp_path / "eval" / "history.csv").write_text(
+        history_csv([history_row({**metrics, "checkpoint": {"step": s}}) for s in (70, 140)])
+    )
     md = evaluation_page(tmp_path / "eval")
     assert list(md)[0] == "vs_untrained_baseline"
     table = md["vs_untrained_baseline"].value
@@ -133,7 +184,9 @@ def test_a_long_reason_label_wraps_instead_of_being_cut():
 
     tiles = [placeholder_tile(72)] * 2
     short = image_grid(tiles, cols=2, cell=72, labels=["dup", "dup"])
-    long = image_grid(tiles, cols=2, cell=72, labels=["too_small_for_every_bucket", "dup"])  # 26 characters, 12 fit a line
+    long = image_grid(
+        tiles, cols=2, cell=72, labels=["too_small_for_every_bucket", "dup"]
+    )  # 26 characters, 12 fit a line
     assert long.height - short.height == 2 * 11  # two more lines of 11 px carry the rest of the label
 
 

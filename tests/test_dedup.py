@@ -58,7 +58,9 @@ def test_mirror_search_finds_every_pair_within_the_radius_of_the_hash_or_its_mir
     found = near_pairs(phash, color, radius, 0, bands, mirror=True)
     assert np.array_equal(found, expected)
     assert len(found) >= 150 * (radius + 1) // (radius + 3)
-    assert np.array_equal(near_pairs(phash, color, radius, 0, bands), brute_force(phash, color, radius, 0))  # off: unchanged
+    assert np.array_equal(
+        near_pairs(phash, color, radius, 0, bands), brute_force(phash, color, radius, 0)
+    )  # off: unchanged
 
 
 def test_keeper_is_largest_then_least_compressed_then_smallest_id():
@@ -106,7 +108,9 @@ def test_near_duplicates_found_colour_variants_kept(dup_folder, tmp_path):
     assert got["smaller_1.jpg"] == ("near_duplicate", "orig1.jpg")  # the larger one stays
     assert got["recompressed_2.jpg"] == ("near_duplicate", "orig2.jpg")  # same size: the bigger file stays
     assert got["cropped_3.jpg"] == ("near_duplicate", "orig3.jpg")
-    assert {k for k, v in got.items() if v[0] == "exact_duplicate"} | {v[1] for v in got.values() if v[0] == "exact_duplicate"} == {
+    assert {k for k, v in got.items() if v[0] == "exact_duplicate"} | {
+        v[1] for v in got.values() if v[0] == "exact_duplicate"
+    } == {
         "orig0.jpg",
         "copy_of_0.jpg",
     }
@@ -119,7 +123,9 @@ def test_near_duplicates_found_colour_variants_kept(dup_folder, tmp_path):
 
 
 def test_mirror_groups_a_flipped_copy_with_its_original(dup_folder, tmp_path):
-    (dup_folder / "mirrored_2.jpg").write_bytes(jpeg(ImageOps.mirror(scene(22, 200)).resize((180, 180), Image.Resampling.LANCZOS)))
+    (dup_folder / "mirrored_2.jpg").write_bytes(
+        jpeg(ImageOps.mirror(scene(22, 200)).resize((180, 180), Image.Resampling.LANCZOS))
+    )
     cfg = load_config()
     filtered = filter_stage(ingest(list_inputs(dup_folder), cfg).kept, cfg).kept
     names = [u.rsplit("/", 1)[1] for u in filtered.column("uri").to_pylist()]
@@ -148,7 +154,9 @@ def test_mixed_folder_goes_through_all_three_stages_with_every_file_accounted(mi
     d = dedup(f.kept, cfg)
     check_accounting("dedup", f.kept, d)
     ids = set(listed.column("id").to_pylist())
-    out = m.rejected.column("id").to_pylist() + f.rejected.column("id").to_pylist() + d.rejected.column("id").to_pylist()
+    out = (
+        m.rejected.column("id").to_pylist() + f.rejected.column("id").to_pylist() + d.rejected.column("id").to_pylist()
+    )
     assert sorted(out + d.kept.column("id").to_pylist()) == sorted(ids)
 
 

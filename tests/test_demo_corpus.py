@@ -17,7 +17,11 @@ from kiln.reasons import Reason
 
 
 def file_hashes(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.md5(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.md5(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +126,9 @@ def test_color_variants_keep_the_layout_and_change_every_colour(corpus):
         assert layout(a) == layout(b)
         assert not a.colors() & b.colors()
         assert r["expected"] == "keep" and r["caption"] != original["caption"]
-        pa_, pb = (np.asarray(open_rgb((out / "images" / x["file"]).read_bytes()), dtype=np.float64) for x in (original, r))
+        pa_, pb = (
+            np.asarray(open_rgb((out / "images" / x["file"]).read_bytes()), dtype=np.float64) for x in (original, r)
+        )
         assert pa_.shape == pb.shape
         assert np.abs(pa_.mean((0, 1)) - pb.mean((0, 1))).max() > 30  # other colours ...
         # ... same layout: where each picture departs from its own background, the other does too

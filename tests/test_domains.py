@@ -23,7 +23,12 @@ def test_a_domain_mix_holds_only_its_rows_best_first_up_to_its_size():
                                           DomainMix(name="single", where="caption LIKE 'a % circle %'", size=50)])  # fmt: skip
     mixes = build_mixes(pool(), cfg)
     counted, info = mixes["domain_counted"]
-    assert counted.column("id").to_pylist() == ["028", "025", "022", "019"]  # the 4 best (highest laplacian_var) matching rows
+    assert counted.column("id").to_pylist() == [
+        "028",
+        "025",
+        "022",
+        "019",
+    ]  # the 4 best (highest laplacian_var) matching rows
     assert set(counted.column("mix").to_pylist()) == {"domain_counted"} and info["short"] is False
     single, info = mixes["domain_single"]
     assert single.num_rows == 10 and info["short"] is True  # 10 circles in the pool, 50 asked: recorded as short
@@ -71,7 +76,10 @@ def test_a_demo_domain_is_scored_on_prompts_of_its_own_scene_family():
     cfg = load_config([])
     single, counted = cfg.ladder.domains
     assert all(not p.prompt.startswith(("two ", "three ")) for p in domain_prompts(single, cfg))
-    assert all(p.prompt.startswith(("two ", "three ")) and "count" in {r.attribute for r in p.requirements} for p in domain_prompts(counted, cfg))
+    assert all(
+        p.prompt.startswith(("two ", "three ")) and "count" in {r.attribute for r in p.requirements}
+        for p in domain_prompts(counted, cfg)
+    )
     assert len(domain_prompts(counted, cfg)) == counted.eval_n
 
 
@@ -93,23 +101,49 @@ def test_checkpoint_merged_merges_the_domain_sfts_and_scores_each_on_every_domai
     te, data = write_tiny_text_encoder(tmp_path / "te"), tmp_path / "data"
     train(write_pack_output(data / EVAL_SET, scene_rows(24, seed=1)), data / "checkpoint", tiny_config(te, steps=4))
     for name, seed in (("single", 2), ("counted", 3)):  # two "domains": other rows, from the same base
-        train(write_pack_output(tmp_path / name, scene_rows(16, seed=seed)), data / f"checkpoint_{name}", tiny_config(te, steps=3, init_from=str(data / "checkpoint")))
-    fast = ["train.eval.n_per_prompt=1", "train.eval.steps=2", "ladder.domains.0.eval_n=2", "ladder.domains.1.eval_n=2", "post.merge.method=linear", "post.merge.search=[]"]
+        train(
+            write_pack_output(tmp_path / name, scene_rows(16, seed=seed)),
+            data / f"checkpoint_{name}",
+            tiny_config(te, steps=3, init_from=str(data / "checkpoint")),
+        )
+    fast = [
+        "train.eval.n_per_prompt=1",
+        "train.eval.steps=2",
+        "ladder.domains.0.eval_n=2",
+        "ladder.domains.1.eval_n=2",
+        "post.merge.method=linear",
+        "post.merge.search=[]",
+    ]
     merged_asset = ASSETS[MERGED]
-    result = dg.materialize([merged_asset], resources={"kiln": KilnResource(overrides=fast, data_dir=str(data))}, instance=dg.DagsterInstance.ephemeral())
+    result = dg.materialize(
+        [merged_asset],
+        resources={"kiln": KilnResource(overrides=fast, data_dir=str(data))},
+        instance=dg.DagsterInstance.ephemeral(),
+    )
     assert result.success
     out = data / MERGED
     verify_export(out)  # the copied held-out ids and train state are under the folder's checksums
-    a, b, merged = (load_file(str(data / d / "model.safetensors")) for d in ("checkpoint_single", "checkpoint_counted", MERGED))
+    a, b, merged = (
+        load_file(str(data / d / "model.safetensors")) for d in ("checkpoint_single", "checkpoint_counted", MERGED)
+    )
     for name in merged:  # linear with no weights: the equal-weight average
         assert (merged[name] - (a[name].double() + b[name].double()).div(2).to(merged[name].dtype)).abs().max() <= 1e-6
     table = json.loads((out / "domain_scores.json").read_text())
-    assert set(table) == {"single", "counted", "base", "merge"} and all(set(r) == {"single", "counted"} for r in table.values())
-    assert (out / "heldout.json").read_text() == (data / "checkpoint" / "heldout.json").read_text()  # the base's held-out rows
+    assert set(table) == {"single", "counted", "base", "merge"} and all(
+        set(r) == {"single", "counted"} for r in table.values()
+    )
+    assert (out / "heldout.json").read_text() == (
+        data / "checkpoint" / "heldout.json"
+    ).read_text()  # the base's held-out rows
     md = result.asset_materializations_for_node(MERGED)[0].metadata
     assert "| merge |" in md["scores"].value and {"merge.single", "merge.counted"} <= set(md)
     # and the merge's evaluation row, as every rung has: prompt following per attribute, held-out loss, the cost
-    assert {"prompt_following_merge.all", "prompt_following_merge.color", "heldout_loss_merge", "seconds_per_image_merge"} <= set(md)
+    assert {
+        "prompt_following_merge.all",
+        "prompt_following_merge.color",
+        "heldout_loss_merge",
+        "seconds_per_image_merge",
+    } <= set(md)
     assert md["heldout_loss_merge"].value > 0 and md["nfe_per_image_merge"].value == 2 * 2  # 2 steps, CFG
 
 
@@ -117,6 +151,8 @@ def test_kiln_run_job_runs_a_named_job_of_the_definitions():
     from dagster_project.run import job_for
 
     post = job_for(None, False, "post_training")
-    assert post.name == "post_training" and {MERGED, "checkpoint_single", "train_set_single", "checkpoint_student"} <= {k.to_user_string() for k in post.asset_layer.executable_asset_keys}
+    assert post.name == "post_training" and {MERGED, "checkpoint_single", "train_set_single", "checkpoint_student"} <= {
+        k.to_user_string() for k in post.asset_layer.executable_asset_keys
+    }
     with pytest.raises(ConfigError, match="no job 'nope'; jobs: main"):
         job_for(None, False, "nope")

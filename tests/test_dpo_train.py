@@ -18,7 +18,17 @@ from training.post.dpo import dpo
 from training.post.pairs import PAIRS, PAIRS_FILE, make_pairs, pick_pair, png, read_pairs
 from training.testing import trained_micro_model
 
-POST = {"judge": "demo_pixel", "pair_prompts": 6, "pair_k": 3, "pair_margin": 0.0, "dpo_steps": 4, "dpo_batch": 4, "dpo_lr": 1e-3, "dpo_beta": 50.0, "save_every": 2}
+POST = {
+    "judge": "demo_pixel",
+    "pair_prompts": 6,
+    "pair_k": 3,
+    "pair_margin": 0.0,
+    "dpo_steps": 4,
+    "dpo_batch": 4,
+    "dpo_lr": 1e-3,
+    "dpo_beta": 50.0,
+    "save_every": 2,
+}
 
 
 def test_a_pair_is_the_best_and_worst_sample_when_their_gap_passes_the_margin():
@@ -46,8 +56,23 @@ def demo_pairs(folder, size: int = 32):
     n = len(specs)
     rows = {f.name: [] for f in PAIRS}
     for i, s in enumerate(specs):
-        for k, v in {"pair_id": str(i), "prompt": s.prompt, "source": "on_policy", "winner_png": png(ims[i]), "loser_png": png(ims[(i + 1) % n]),
-                     "winner_reward": 1.0, "loser_reward": 0.2, "winner_rewards": "{}", "loser_rewards": "{}", "seed": 0, "winner_index": i, "loser_index": -1}.items():  # fmt: skip
+        row = {
+            "pair_id": str(i),
+            "prompt": s.prompt,
+            "source": "on_policy",
+            "winner_png": png(ims[i]),
+            "loser_png": png(ims[(i + 1) % n]),
+        }
+        row |= {
+            "winner_reward": 1.0,
+            "loser_reward": 0.2,
+            "winner_rewards": "{}",
+            "loser_rewards": "{}",
+            "seed": 0,
+            "winner_index": i,
+            "loser_index": -1,
+        }
+        for k, v in row.items():
             rows[k].append(v)
     folder.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table(rows, schema=PAIRS), folder / PAIRS_FILE)
@@ -71,7 +96,9 @@ def test_dpo_logs_both_likelihood_terms_from_the_reference_and_moves_the_weights
     out = dpo(ckpt, demo_pairs(tmp_path / "pairs"), tmp_path / "dpo", with_post(cfg))
     history = [json.loads(x) for x in (out / "dpo_history.jsonl").read_text().splitlines()]
     assert [h["step"] for h in history] == [1, 2, 3, 4]
-    assert history[0]["winner_loglik"] == 0.0 and history[0]["loser_loglik"] == 0.0  # the policy starts as the reference
+    assert (
+        history[0]["winner_loglik"] == 0.0 and history[0]["loser_loglik"] == 0.0
+    )  # the policy starts as the reference
     assert history[0]["loss"] == pytest.approx(np.log(2), rel=1e-6)
     assert any(h["winner_loglik"] != 0.0 for h in history[1:])
     before, after = load_file(str(ckpt / "model.safetensors")), load_file(str(out / "model.safetensors"))

@@ -25,7 +25,14 @@ from kiln.paths import REPO_ROOT
 from kiln.registry import curation_nodes
 
 TARGET = "train_set_pretrain"  # the first ladder rung's train set: the last stage before training
-STAGES = ["demo_corpus", "raw_images", *[n.key for n in curation_nodes(load_config([]))], "coverage", "mixes", TARGET]  # what `dvc repro TARGET` runs
+STAGES = [
+    "demo_corpus",
+    "raw_images",
+    *[n.key for n in curation_nodes(load_config([]))],
+    "coverage",
+    "mixes",
+    TARGET,
+]  # what `dvc repro TARGET` runs
 
 
 def _outs(lock: Path) -> dict[str, list[tuple[str, str]]]:
@@ -34,7 +41,12 @@ def _outs(lock: Path) -> dict[str, list[tuple[str, str]]]:
 
 
 def _fresh_copy(dst: Path) -> Path:
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO_ROOT, capture_output=True, check=True).stdout.split(b"\0")
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
     for f in filter(None, files):
         src = REPO_ROOT / f.decode()
         if src.is_file():
@@ -51,10 +63,26 @@ def test_dvc_repro_on_a_fresh_copy_reproduces_the_pinned_stages_and_leaves_the_l
     committed = (repo / "dvc.lock").read_text()
     pinned = _outs(repo / "dvc.lock")
     assert set(pinned) == set(STAGES), "dvc.lock must pin every stage up to the first train set"
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1", "KILN_CONF": str(repo / "conf")}
-    subprocess.run([str(Path(sys.executable).parent / "dvc"), "repro", "--quiet", TARGET], cwd=repo, env=env, check=True, timeout=1500)
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "DVC_NO_ANALYTICS": "1",
+        "KILN_CONF": str(repo / "conf"),
+    }
+    subprocess.run(
+        [str(Path(sys.executable).parent / "dvc"), "repro", "--quiet", TARGET],
+        cwd=repo,
+        env=env,
+        check=True,
+        timeout=1500,
+    )
     assert _outs(repo / "dvc.lock") == pinned, "dvc repro on a fresh copy must give the md5s that dvc.lock pins"
     assert (repo / "dvc.lock").read_text() == committed  # what `git status` would call clean
 
-    for stage in ("manifest", "filtered", "embedded", TARGET):  # Dagster's data version of a step is the hash dvc.lock records
+    for stage in (
+        "manifest",
+        "filtered",
+        "embedded",
+        TARGET,
+    ):  # Dagster's data version of a step is the hash dvc.lock records
         assert dict(pinned[stage])[f"data/{stage}"] == output_hash(repo / "data" / stage)

@@ -42,7 +42,9 @@ def eval_metrics(step: int, heldout_loss: float, pf: float) -> dict:
 
 
 def dvc(root: Path, *args: str) -> str:
-    return subprocess.run([DVC, *args], cwd=root, env=ENV, capture_output=True, text=True, check=True, timeout=300).stdout
+    return subprocess.run(
+        [DVC, *args], cwd=root, env=ENV, capture_output=True, text=True, check=True, timeout=300
+    ).stdout
 
 
 def not_blank(path: Path) -> Image.Image:
@@ -101,9 +103,13 @@ def test_dvc_plots_show_offline_shows_every_png_the_stages_draw(a_run, tmp_path)
     doc = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())
     images = [p for p in doc["plots"] if isinstance(p, str)]
     outs = [o if isinstance(o, str) else next(iter(o)) for st in doc["stages"].values() for o in st.get("outs", [])]
-    assert {"data/eval/history.png", "data/eval/prompt_following.png", "data/checkpoint_pretrain/loss.png"} <= set(images)
+    assert {"data/eval/history.png", "data/eval/prompt_following.png", "data/checkpoint_pretrain/loss.png"} <= set(
+        images
+    )
     for image in images:
-        assert image.endswith(".png") and any(image.startswith(out + "/") for out in outs), f"{image} is in no stage's output"
+        assert image.endswith(".png") and any(image.startswith(out + "/") for out in outs), (
+            f"{image} is in no stage's output"
+        )
         not_blank(a_run / image)
     shown = json.loads(dvc(a_run, "plots", "show", "--json"))["data"]
     assert all(shown[image][0]["type"] == "image" for image in images)
@@ -135,10 +141,16 @@ def test_dvc_metrics_show_prints_the_evaluation_headline_as_one_short_row(a_run)
     full = eval_metrics(400, 0.133, 0.25)  # what the fixture's evaluation recorded
 
     def leaves(d: dict, prefix: str = "") -> dict:
-        return {k2: v2 for k, v in d.items() for k2, v2 in (leaves(v, f"{prefix}{k}.").items() if isinstance(v, dict) else [(f"{prefix}{k}", v)])}
+        return {
+            k2: v2
+            for k, v in d.items()
+            for k2, v2 in (leaves(v, f"{prefix}{k}.").items() if isinstance(v, dict) else [(f"{prefix}{k}", v)])
+        }
 
     assert leaves(headline).items() <= leaves(full).items()
-    assert {"heldout_loss.mean", "prompt_following.all", "baseline.prompt_following.all", "checkpoint.step"} <= leaves(headline).keys()
+    assert {"heldout_loss.mean", "prompt_following.all", "baseline.prompt_following.all", "checkpoint.step"} <= leaves(
+        headline
+    ).keys()
 
 
 @pytest.mark.slow
@@ -158,10 +170,17 @@ def test_the_evaluation_history_is_a_cached_output_kept_across_runs_that_outlive
     history = "eval_history/history.csv"
     root = tiny_dvc_project(tmp_path / "project")
     metrics_conf = root / "conf" / "metrics" / "demo.yaml"
-    metrics_conf.write_text("".join(f"history: {history}\n" if line.startswith("history:") else line for line in metrics_conf.read_text().splitlines(keepends=True)))
+    metrics_conf.write_text(
+        "".join(
+            f"history: {history}\n" if line.startswith("history:") else line
+            for line in metrics_conf.read_text().splitlines(keepends=True)
+        )
+    )
     compose_and_dump(root / "params.yaml", str(root / "conf"), None, "config", str(root), [])
     doc = yaml.safe_load((root / "dvc.yaml").read_text())
-    doc["stages"]["evaluation"]["outs"] = stage_of(node("evaluation", load_config([f"metrics.history={history}"])), [])["outs"]
+    doc["stages"]["evaluation"]["outs"] = stage_of(node("evaluation", load_config([f"metrics.history={history}"])), [])[
+        "outs"
+    ]
     (root / "dvc.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     sh(root, "git", "add", "-A")
     sh(root, "git", "commit", "-q", "-m", "history kept outside data/")

@@ -19,7 +19,11 @@ torch.set_num_threads(1)
 
 
 def scene(family, shapes, bg="blue", pattern="plain", seed=1, **kw):
-    return render(Scene(family, Background(bg, pattern, "white" if pattern != "plain" else None), shapes, layout_seed=seed, **kw), 96, 96)
+    return render(
+        Scene(family, Background(bg, pattern, "white" if pattern != "plain" else None), shapes, layout_seed=seed, **kw),
+        96,
+        96,
+    )
 
 
 def test_classical_embedder_is_named_honestly_and_normalised():
@@ -58,7 +62,9 @@ def test_embed_stage_output_has_the_embedded_schema_and_is_deterministic(demo_em
     run_stage("embed", root / "deduped", tmp_path / "again", load_config(overrides))
     a, b = read_dataset(root / "embedded" / "kept"), read_dataset(tmp_path / "again" / "kept")
     assert a.schema.equals(EMBEDDED) and a.equals(b)
-    assert (root / "embedded/kept/part-00000.parquet").read_bytes() == (tmp_path / "again/kept/part-00000.parquet").read_bytes()
+    assert (root / "embedded/kept/part-00000.parquet").read_bytes() == (
+        tmp_path / "again/kept/part-00000.parquet"
+    ).read_bytes()
 
 
 def tiny_models():
@@ -74,12 +80,17 @@ def tiny_models():
         SiglipVisionModel,
     )
 
-    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32, patch_size=8)
+    small = dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32, patch_size=8
+    )
     crop = dict(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     return {
         "dinov2": (lambda: Dinov2Model(Dinov2Config(**small)), lambda: BitImageProcessor(**crop)),
         "clip": (lambda: CLIPVisionModel(CLIPVisionConfig(**small)), lambda: CLIPImageProcessor(**crop)),
-        "siglip": (lambda: SiglipVisionModel(SiglipVisionConfig(**small)), lambda: SiglipImageProcessor(size={"height": 32, "width": 32})),
+        "siglip": (
+            lambda: SiglipVisionModel(SiglipVisionConfig(**small)),
+            lambda: SiglipImageProcessor(size={"height": 32, "width": 32}),
+        ),
     }
 
 

@@ -119,14 +119,19 @@ def test_metrics_refuse_mismatched_features():
 @pytest.fixture(scope="module")
 def extractor_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("extractors")
-    return {kind: write_tiny_extractor(kind, root / kind, seed=i) for i, kind in enumerate(("clip", "dino", "backbone"))}
+    return {
+        kind: write_tiny_extractor(kind, root / kind, seed=i) for i, kind in enumerate(("clip", "dino", "backbone"))
+    }
 
 
 def images(seed, n=6, size=32):
     return np.random.default_rng(seed).integers(0, 256, (n, size, size, 3), dtype=np.uint8)
 
 
-@pytest.mark.parametrize(("kind", "model_type", "dim"), [("clip", "clip_vision_model", 16), ("dino", "dinov2", 32), ("backbone", "resnet", 32)])
+@pytest.mark.parametrize(
+    ("kind", "model_type", "dim"),
+    [("clip", "clip_vision_model", 16), ("dino", "dinov2", 32), ("backbone", "resnet", 32)],
+)
 def test_extractors_load_by_path_and_give_one_deterministic_vector_per_image(extractor_dirs, kind, model_type, dim):
     ex = load_extractor(kind, extractor_dirs[kind])
     assert ex.model_type == model_type and not ex.model.training
@@ -142,7 +147,9 @@ def test_clip_features_are_the_projected_image_embeddings_of_the_models_own_proc
     from transformers import AutoImageProcessor, CLIPVisionModelWithProjection
 
     model = CLIPVisionModelWithProjection.from_pretrained(str(extractor_dirs["clip"])).eval()
-    pixels = AutoImageProcessor.from_pretrained(str(extractor_dirs["clip"]))(images=list(images(1)), return_tensors="pt")["pixel_values"]
+    pixels = AutoImageProcessor.from_pretrained(str(extractor_dirs["clip"]))(
+        images=list(images(1)), return_tensors="pt"
+    )["pixel_values"]
     with torch.no_grad():
         expected = model(pixel_values=pixels).image_embeds.numpy()
     np.testing.assert_allclose(load_extractor("clip", extractor_dirs["clip"])(images(1)), expected, atol=1e-6)

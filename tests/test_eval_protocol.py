@@ -49,7 +49,9 @@ def setup(tmp_path_factory, text_encoder_dir):
 
 
 def metrics_config(extractors, **kw):
-    return MetricsConfig(fid_extractor=extractors["backbone"], clip_extractor=extractors["clip"], dino_extractor=extractors["dino"], **kw)
+    return MetricsConfig(
+        fid_extractor=extractors["backbone"], clip_extractor=extractors["clip"], dino_extractor=extractors["dino"], **kw
+    )
 
 
 def test_the_reference_set_is_the_main_buckets_smallest_sha1_rows_held_out_rows_first(setup):
@@ -59,7 +61,9 @@ def test_the_reference_set_is_the_main_buckets_smallest_sha1_rows_held_out_rows_
     main_ids = [i for i, b in zip(table.column("id").to_pylist(), table.column("bucket").to_pylist()) if b == "32x32"]
     assert set(rows.column("bucket").to_pylist()) == {"32x32"} and rows.num_rows == 6
     assert set(rows.column("id").to_pylist()) == holdout_ids(main_ids, 6)
-    assert rows.column("id").to_pylist()[:3] == reference_rows(table, 3, 32, 32).column("id").to_pylist()  # growing n only appends
+    assert (
+        rows.column("id").to_pylist()[:3] == reference_rows(table, 3, 32, 32).column("id").to_pylist()
+    )  # growing n only appends
     assert reference_images(data, 6, 32, 32).shape == (6, 32, 32, 3)
 
 
@@ -85,23 +89,37 @@ def test_distribution_metrics_are_zero_against_the_reference_itself_and_positive
     ref = reference_images(data, 12, 32, 32)
     noise = np.random.default_rng(0).integers(0, 256, ref.shape, dtype=np.uint8)
     same, far = distribution_metrics(ref, ref, extractors), distribution_metrics(noise, ref, extractors)
-    assert same["cmmd"] == pytest.approx(0, abs=1e-6) and same["dino_mmd"] == pytest.approx(0, abs=1e-6) and same["fid"] == pytest.approx(0, abs=1e-4)
+    assert (
+        same["cmmd"] == pytest.approx(0, abs=1e-6)
+        and same["dino_mmd"] == pytest.approx(0, abs=1e-6)
+        and same["fid"] == pytest.approx(0, abs=1e-4)
+    )
     assert all(far[m] > same[m] + 1e-6 for m in ("fid", "cmmd", "dino_mmd"))
 
 
 def test_generation_is_fixed_seed_and_the_setup_records_cfg_steps_seed_and_data(setup):
     _, data, paths, te = setup
     base = tiny_config(te)
-    cfg = KilnConfig(model=base.model, train=base.train, metrics=metrics_config(paths, n_per_prompt=1, reference_images=8, seed=7))
+    cfg = KilnConfig(
+        model=base.model, train=base.train, metrics=metrics_config(paths, n_per_prompt=1, reference_images=8, seed=7)
+    )
     scores, info = evaluate_distribution({"a": init_generator(cfg.model, 0)}, cfg, data, 32, 32)
     again, _ = evaluate_distribution({"a": init_generator(cfg.model, 0)}, cfg, data, 32, 32)
     other_seed = cfg.model_copy(update={"metrics": cfg.metrics.model_copy(update={"seed": 8})})
     reseeded, _ = evaluate_distribution({"a": init_generator(cfg.model, 0)}, other_seed, data, 32, 32)
-    assert again == scores and all(v is not None and v >= 0 for v in scores["a"].values())  # same checkpoint + protocol: same numbers
+    assert again == scores and all(
+        v is not None and v >= 0 for v in scores["a"].values()
+    )  # same checkpoint + protocol: same numbers
     assert reseeded["a"] != scores["a"]  # the seed is part of the protocol
-    assert info["steps"] == cfg.train.eval.steps and info["cfg_scale"] == cfg.train.sample.cfg_scale and info["seed"] == 7
+    assert (
+        info["steps"] == cfg.train.eval.steps and info["cfg_scale"] == cfg.train.sample.cfg_scale and info["seed"] == 7
+    )
     assert info["prompts"] == len(demo_prompts()) and info["n_per_prompt"] == 1 and info["reference_images"] == 8
-    assert info["dataset_version"] == dataset_version(data) and info["extractors"] == {"fid": "resnet", "cmmd": "clip_vision_model", "dino_mmd": "dinov2"}
+    assert info["dataset_version"] == dataset_version(data) and info["extractors"] == {
+        "fid": "resnet",
+        "cmmd": "clip_vision_model",
+        "dino_mmd": "dinov2",
+    }
 
 
 def fake_metrics(step, pf, fid):
@@ -123,7 +141,9 @@ def test_the_history_keeps_one_row_per_step_sorted_and_survives_a_round_trip(tmp
     assert [(r["step"], r["prompt_following"], r["fid"]) for r in rows] == [(100, 0.3, 40.0), (200, 0.6, 28.0)]
     assert read_history(tmp_path / "kept" / "history.csv") == rows == read_history(tmp_path / "eval3" / "history.csv")
     assert rows[0]["cmmd"] is None  # a skipped metric stays empty
-    assert "samples_per_s" not in rows[0]  # wall-clock: in the checkpoint's throughput.json, not in a file dvc.lock pins
+    assert (
+        "samples_per_s" not in rows[0]
+    )  # wall-clock: in the checkpoint's throughput.json, not in a file dvc.lock pins
     with (tmp_path / "eval3" / "history.csv").open() as fh:
         assert tuple(next(csv.reader(fh))) == HISTORY_COLUMNS
     assert (tmp_path / "eval3" / "history.png").stat().st_size > 0
@@ -135,11 +155,21 @@ def random_scenes(n, seed):
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
-        shape, pos, size, count = SHAPES[i % 4], POSITIONS[rng.integers(5)], ("small", "large")[rng.integers(2)], int(rng.integers(1, 4))
+        shape, pos, size, count = (
+            SHAPES[i % 4],
+            POSITIONS[rng.integers(5)],
+            ("small", "large")[rng.integers(2)],
+            int(rng.integers(1, 4)),
+        )
         bg = BACKGROUND_COLORS[rng.integers(len(BACKGROUND_COLORS))]
         ok = [c for c in SHAPE_COLORS if _contrast(c, bg) >= 120]
         color = ok[rng.integers(len(ok))]
-        scene = Scene("single_shape" if count == 1 else "counted_shapes", Background(bg), (Shape(color, shape, size, pos, count),), layout_seed=i)
+        scene = Scene(
+            "single_shape" if count == 1 else "counted_shapes",
+            Background(bg),
+            (Shape(color, shape, size, pos, count),),
+            layout_seed=i,
+        )
         out.append((scene, Expected(color, pos, bg, shape, count, size)))
     return out
 
@@ -168,4 +198,10 @@ def test_shape_is_only_scored_where_the_rule_is_reliable():
     assert Expected("red", "left", "blue", "circle", 1, "small").checkable() == {"shape": False, "count": True}
     assert Expected("red", "left", "blue", "circle", 2, "large").checkable() == {"shape": False, "count": True}
     blank = np.full((32, 32, 3), 128, np.uint8)
-    assert check_image(blank, Expected("red", "left", "grey", "circle", 1, "large")) == {"color": False, "position": False, "background": True, "shape": False, "count": False}
+    assert check_image(blank, Expected("red", "left", "grey", "circle", 1, "large")) == {
+        "color": False,
+        "position": False,
+        "background": True,
+        "shape": False,
+        "count": False,
+    }

@@ -79,7 +79,13 @@ def test_a_stage_is_set_up_once_per_worker_before_its_first_shard(monkeypatch):
 
     calls = []
     schema = pa.schema([pa.field("id", pa.string(), nullable=False)])
-    probe = Stage("probe", lambda t, cfg: StageOutput(t, REJECTED.empty_table()), schema, schema, setup=lambda cfg: calls.append("setup"))
+    probe = Stage(
+        "probe",
+        lambda t, cfg: StageOutput(t, REJECTED.empty_table()),
+        schema,
+        schema,
+        setup=lambda cfg: calls.append("setup"),
+    )
     monkeypatch.setattr(stage_module, "get_stage", lambda name: probe)
     shards = [pa.table({"id": [f"{i}-{j}" for j in range(3)]}, schema=schema) for i in range(4)]
     out = run_on_tables(probe, shards, load_config(), workers=1)

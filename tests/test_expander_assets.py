@@ -86,11 +86,6 @@ def test_the_expander_assets_materialize_with_their_evaluation(tmp_path, assets_
     assert result.success
     for key in ("expander_sft", "expander_rl"):
         md = result.asset_materializations_for_node(key)[0].metadata
-        assert (
-            0.0 <= md["faithfulness"].value <= 1.0
-            and 0.0 <= md["diversity"].value <= 2.0
-        )
-        assert md["following_gain"].value == pytest.approx(
-            md["following_expanded"].value - md["following_short"].value
-        )
+        assert 0.0 <= md["faithfulness"].value <= 1.0 and 0.0 <= md["diversity"].value <= 2.0
+        assert md["following_gain"].value == pytest.approx(md["following_expanded"].value - md["following_short"].value)
         assert "->" in md["examples"].value and (data / key / "config.json").exists()

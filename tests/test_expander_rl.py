@@ -44,10 +44,7 @@ def test_gdpo_normalises_each_reward_in_its_group_then_sums_and_standardises_the
         s = (sum((v - m) ** 2 for v in vals) / len(vals)) ** 0.5
         return [0.0 if math.isnan(v) or s == 0 else (v - m) / s for v in row]
 
-    total = [
-        [1.0 * a + 0.5 * b for a, b in zip(z(f), z(i))]
-        for f, i in zip(faith.tolist(), image.tolist())
-    ]
+    total = [[1.0 * a + 0.5 * b for a, b in zip(z(f), z(i))] for f, i in zip(faith.tolist(), image.tolist())]
     flat = [v for row in total for v in row]
     m = sum(flat) / len(flat)
     s = (sum((v - m) ** 2 for v in flat) / len(flat)) ** 0.5
@@ -106,12 +103,8 @@ def test_the_safety_gate_zeroes_every_reward_of_a_blocked_expansion():
         ["gore", "gory"],
     )
     assert mask.tolist() == [False, True, True]
-    assert out["faithfulness"].tolist() == [1.0, 0.0, 0.0] and out[
-        "image"
-    ].tolist() == [0.5, 0.0, 0.0]
-    assert gate(rewards, ["gorgeous red circle"], ["gore"])[1].tolist() == [
-        False
-    ]  # whole words only
+    assert out["faithfulness"].tolist() == [1.0, 0.0, 0.0] and out["image"].tolist() == [0.5, 0.0, 0.0]
+    assert gate(rewards, ["gorgeous red circle"], ["gore"])[1].tolist() == [False]  # whole words only
 
 
 def test_diversity_is_each_images_mean_cosine_distance_to_its_group():
@@ -119,9 +112,7 @@ def test_diversity_is_each_images_mean_cosine_distance_to_its_group():
     assert np.allclose(diversity(same), 0.0)
     spread = np.eye(3)
     assert np.allclose(diversity(spread), 1.0)
-    assert np.allclose(
-        diversity(np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])), [0.5, 0.5, 1.0]
-    )
+    assert np.allclose(diversity(np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])), [0.5, 0.5, 1.0])
 
 
 def test_rl_pays_diversity_only_to_expansions_that_keep_every_attribute():
@@ -146,21 +137,15 @@ def test_rl_pays_diversity_only_to_expansions_that_keep_every_attribute():
 def test_an_llm_extractor_by_path_lists_attributes_and_checks_their_words(tmp_path):
     from training.expander.model import build_tiny_lm, build_word_tokenizer
 
-    tok = build_word_tokenizer(
-        ["List every visual attribute red circle blue background"], tmp_path
-    )
-    cfg = load_config(
-        ["expander.tiny_hidden=16", "expander.tiny_heads=2", "expander.tiny_layers=1"]
-    ).expander
+    tok = build_word_tokenizer(["List every visual attribute red circle blue background"], tmp_path)
+    cfg = load_config(["expander.tiny_hidden=16", "expander.tiny_heads=2", "expander.tiny_layers=1"]).expander
     build_tiny_lm(cfg, len(tok), tmp_path, 64)
     ex = LLMAttributeExtractor(str(tmp_path), max_new_tokens=8)
-    attrs = ex.attributes(
-        "red circle, blue background"
-    )  # a random LM lists noise; the plumbing is what is tested
+    attrs = ex.attributes("red circle, blue background")  # a random LM lists noise; the plumbing is what is tested
     assert all(isinstance(a, str) and a for a in attrs)
-    assert ex.survives(
-        "large red circle", "a large red circle on the left"
-    ) and not ex.survives("blue circle", "a red circle")
+    assert ex.survives("large red circle", "a large red circle on the left") and not ex.survives(
+        "blue circle", "a red circle"
+    )
     assert 0.0 <= faithfulness(ex, "red circle", ["a red circle"])[0] <= 1.0
 
 
@@ -198,12 +183,8 @@ def test_a_killed_rl_run_resumes_to_the_weights_and_history_of_an_uninterrupted_
     }
     cfg = load_config([f"expander.{k}={v}" for k, v in over.items()])
     sft = train_sft(EXPANDER_PAIRS, tmp_path / "sft", cfg)
-    train_rl(
-        sft, None, tmp_path / "full", cfg, prompts=SHORT
-    )  # no DiT: faithfulness only
-    assert (
-        train_rl(sft, None, tmp_path / "killed", cfg, stop_at=3, prompts=SHORT) is None
-    )
+    train_rl(sft, None, tmp_path / "full", cfg, prompts=SHORT)  # no DiT: faithfulness only
+    assert train_rl(sft, None, tmp_path / "killed", cfg, stop_at=3, prompts=SHORT) is None
     train_rl(sft, None, tmp_path / "killed", cfg, resume=True, prompts=SHORT)
     a, b, s = (
         load_lm(tmp_path / "full")[0],
@@ -211,16 +192,12 @@ def test_a_killed_rl_run_resumes_to_the_weights_and_history_of_an_uninterrupted_
         load_lm(sft)[0],
     )
     assert any(
-        not torch.equal(x, y)
-        for x, y in zip(a.state_dict().values(), s.state_dict().values())
+        not torch.equal(x, y) for x, y in zip(a.state_dict().values(), s.state_dict().values())
     )  # it learnt something
-    for (name, x), (_, y) in zip(
-        a.state_dict().items(), b.state_dict().items(), strict=True
-    ):
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         assert torch.equal(x, y), name
     read = lambda d: [
-        json.loads(x) | {"seconds": 0}
-        for x in (tmp_path / d / "expander_rl_history.jsonl").read_text().splitlines()
+        json.loads(x) | {"seconds": 0} for x in (tmp_path / d / "expander_rl_history.jsonl").read_text().splitlines()
     ]
     assert read("killed") == read("full") and [h["step"] for h in read("full")] == [
         1,

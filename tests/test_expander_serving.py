@@ -34,37 +34,25 @@ def models(tmp_path_factory):
     return dit, expander, cfg
 
 
-def test_sampling_with_an_expander_draws_the_expansions_and_records_them(
-    models, tmp_path
-):
+def test_sampling_with_an_expander_draws_the_expansions_and_records_them(models, tmp_path):
     dit, expander, cfg = models
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("red circle\ngreen square\n")
-    sample_to_dir(
-        dit, tmp_path / "expanded", cfg, prompts=str(prompts), expand=expander_from(expander)
-    )
+    sample_to_dir(dit, tmp_path / "expanded", cfg, prompts=str(prompts), expand=expander_from(expander))
     table = pq.read_table(tmp_path / "expanded" / "samples.parquet")
     lm, tok, template, max_new = load_expander(expander)
     wanted = expand(lm, tok, ["red circle", "green square"], template, max_new)
     assert all(wanted) and wanted != ["red circle", "green square"]
     n = cfg.train.sample.n_per_prompt
     assert table.schema.equals(SAMPLES.append(table.schema.field("expanded_prompt")))
-    assert (
-        table.column("prompt").to_pylist() == ["red circle"] * n + ["green square"] * n
-    )
-    assert (
-        table.column("expanded_prompt").to_pylist() == [wanted[0]] * n + [wanted[1]] * n
-    )
-    fed = (
-        tmp_path / "fed.txt"
-    )  # the same images as sampling the expansions directly: the DiT was fed them
+    assert table.column("prompt").to_pylist() == ["red circle"] * n + ["green square"] * n
+    assert table.column("expanded_prompt").to_pylist() == [wanted[0]] * n + [wanted[1]] * n
+    fed = tmp_path / "fed.txt"  # the same images as sampling the expansions directly: the DiT was fed them
     fed.write_text("\n".join(wanted) + "\n")
     sample_to_dir(dit, tmp_path / "direct", cfg, prompts=str(fed))
     assert (
         table.column("png").to_pylist()
-        == pq.read_table(tmp_path / "direct" / "samples.parquet")
-        .column("png")
-        .to_pylist()
+        == pq.read_table(tmp_path / "direct" / "samples.parquet").column("png").to_pylist()
     )
 
 
@@ -74,7 +62,17 @@ def test_kiln_sample_expand_feeds_the_dit_the_expansions_of_the_expander_in_a_fo
     dit, expander, _ = models
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("red circle\ngreen square\n")
-    argv = ["sample", "--checkpoint", str(dit), "--out", str(tmp_path / "cli"), "--prompts", str(prompts), "--expand", str(expander)]
+    argv = [
+        "sample",
+        "--checkpoint",
+        str(dit),
+        "--out",
+        str(tmp_path / "cli"),
+        "--prompts",
+        str(prompts),
+        "--expand",
+        str(expander),
+    ]
     assert main([*argv, "train.sample.steps=2", "train.sample.n_per_prompt=2"]) == 0
     lm, tok, template, max_new = load_expander(expander)
     wanted = expand(lm, tok, ["red circle", "green square"], template, max_new)

@@ -59,33 +59,23 @@ def tiny_cfg(**over):
 def test_the_loss_counts_target_tokens_only_against_a_hand_written_reference():
     torch.manual_seed(0)
     logits = torch.randn(2, 6, 11)
-    labels = torch.tensor(
-        [[-100, -100, -100, 4, 7, 2], [-100, -100, 5, 1, -100, -100]]
-    )  # prompt, target, padding
+    labels = torch.tensor([[-100, -100, -100, 4, 7, 2], [-100, -100, 5, 1, -100, -100]])  # prompt, target, padding
     terms = []
     for b in range(2):
         for t in range(5):  # position t predicts token t + 1
             if labels[b, t + 1] != -100:
                 terms.append(-torch.log_softmax(logits[b, t], -1)[labels[b, t + 1]])
     assert len(terms) == 5
-    assert masked_lm_loss(logits, labels).item() == pytest.approx(
-        torch.stack(terms).mean().item(), abs=1e-6
-    )
+    assert masked_lm_loss(logits, labels).item() == pytest.approx(torch.stack(terms).mean().item(), abs=1e-6)
     changed = logits.clone()
     changed[0, 0] += 100.0  # predicts a prompt token: not part of the loss
     changed[1, 4:] -= 50.0  # predicts padding
-    assert masked_lm_loss(changed, labels).item() == pytest.approx(
-        masked_lm_loss(logits, labels).item(), abs=1e-6
-    )
+    assert masked_lm_loss(changed, labels).item() == pytest.approx(masked_lm_loss(logits, labels).item(), abs=1e-6)
 
 
 def test_a_pair_is_masked_on_its_template_and_ends_with_end_of_text(tmp_path):
-    tok = build_word_tokenizer(
-        [p["prompt"] + " " + p["target"] for p in PAIRS] + ["Short: Long:"], tmp_path
-    )
-    ids, labels = encode_pair(
-        tok, "Short: {prompt}\nLong:", "red circle", "a large red circle", 64
-    )
+    tok = build_word_tokenizer([p["prompt"] + " " + p["target"] for p in PAIRS] + ["Short: Long:"], tmp_path)
+    ids, labels = encode_pair(tok, "Short: {prompt}\nLong:", "red circle", "a large red circle", 64)
     head = tok("Short: red circle\nLong:", add_special_tokens=False)["input_ids"]
     assert labels[: len(head)] == [-100] * len(head)
     assert labels[len(head) :] == ids[len(head) :] and ids[-1] == tok.eos_token_id
@@ -97,28 +87,16 @@ def test_a_killed_sft_run_resumes_to_the_weights_and_history_of_an_uninterrupted
 ):
     cfg = tiny_cfg()
     train_sft(PAIRS, tmp_path / "full", cfg)
-    assert (
-        train_sft(PAIRS, tmp_path / "killed", cfg, stop_at=3) is None
-    )  # step 3 ran after the checkpoint at 2
+    assert train_sft(PAIRS, tmp_path / "killed", cfg, stop_at=3) is None  # step 3 ran after the checkpoint at 2
     train_sft(PAIRS, tmp_path / "killed", cfg, resume=True)
     a, _ = load_lm(tmp_path / "full")
     b, _ = load_lm(tmp_path / "killed")
-    for (name, x), (_, y) in zip(
-        a.state_dict().items(), b.state_dict().items(), strict=True
-    ):
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         assert torch.equal(x, y), name
-    history = [
-        json.loads(x)
-        for x in (tmp_path / "killed" / "expander_sft_history.jsonl")
-        .read_text()
-        .splitlines()
-    ]
+    history = [json.loads(x) for x in (tmp_path / "killed" / "expander_sft_history.jsonl").read_text().splitlines()]
     assert [h["step"] for h in history] == list(range(1, 7))
     assert history == [
-        json.loads(x)
-        for x in (tmp_path / "full" / "expander_sft_history.jsonl")
-        .read_text()
-        .splitlines()
+        json.loads(x) for x in (tmp_path / "full" / "expander_sft_history.jsonl").read_text().splitlines()
     ]
 
 
@@ -132,14 +110,14 @@ def test_a_fresh_run_into_a_folder_with_checkpoints_is_refused_and_deletes_nothi
     assert files() == before
     train_sft(PAIRS[:2], out, cfg, overwrite=True)  # asked for: the earlier run's steps go, none is resumed
     assert json.loads((out / "expander.json").read_text())["pairs"] < json.loads(before[Path("expander.json")])["pairs"]
-    assert [json.loads(x)["step"] for x in (out / "expander_sft_history.jsonl").read_text().splitlines()] == list(range(1, 7))
+    assert [json.loads(x)["step"] for x in (out / "expander_sft_history.jsonl").read_text().splitlines()] == list(
+        range(1, 7)
+    )
 
 
 @pytest.mark.slow
 def test_the_tiny_expander_learns_the_pairs_and_reloads_by_path(tmp_path):
-    cfg = tiny_cfg(
-        tiny_hidden=32, sft_steps=150, sft_batch=4, save_every=150, sft_lr=0.01
-    )
+    cfg = tiny_cfg(tiny_hidden=32, sft_steps=150, sft_batch=4, save_every=150, sft_lr=0.01)
     out = train_sft(PAIRS, tmp_path / "sft", cfg)
     model, tok, template, max_new = load_expander(out)
     got = expand(model, tok, [p["prompt"] for p in PAIRS], template, max_new)
@@ -148,9 +126,7 @@ def test_the_tiny_expander_learns_the_pairs_and_reloads_by_path(tmp_path):
 
 def test_a_real_expander_without_its_model_folder_fails_before_any_work(tmp_path):
     cfg = load_config(["expander.base=path"])
-    with pytest.raises(
-        ValueError, match=r"expander\.path: the expander's causal LM folder is not set"
-    ):
+    with pytest.raises(ValueError, match=r"expander\.path: the expander's causal LM folder is not set"):
         train_sft(PAIRS, tmp_path / "sft", cfg)
     assert not (tmp_path / "sft").exists()
 
@@ -199,9 +175,7 @@ def test_kiln_expander_sft_trains_from_the_user_prompts_folder(tmp_path, capsys)
         )
         == 0
     )
-    assert (tmp_path / "sft" / "config.json").exists() and (
-        tmp_path / "sft" / "expander.json"
-    ).exists()
+    assert (tmp_path / "sft" / "config.json").exists() and (tmp_path / "sft" / "expander.json").exists()
     assert (
         main(
             [
@@ -216,7 +190,6 @@ def test_kiln_expander_sft_trains_from_the_user_prompts_folder(tmp_path, capsys)
         == 2
     )
     assert (
-        "expander.path: the expander's causal LM folder is not set"
-        in capsys.readouterr().err
+        "expander.path: the expander's causal LM folder is not set" in capsys.readouterr().err
         and not (tmp_path / "real").exists()
     )

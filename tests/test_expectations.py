@@ -34,9 +34,15 @@ def test_no_suite_checks_for_nulls_that_the_schema_already_forbids():
     cfg = load_config([])
     for suite, schema in SUITE_SCHEMAS.items():
         for e in suite_expectations(suite, cfg):
-            assert set(columns_of(e)) <= set(schema.names), (suite, type(e).__name__, columns_of(e))  # a typo would test nothing
+            assert set(columns_of(e)) <= set(schema.names), (
+                suite,
+                type(e).__name__,
+                columns_of(e),
+            )  # a typo would test nothing
             if type(e).__name__ == "ExpectColumnValuesToNotBeNull":
-                assert all(schema.field(c).nullable for c in columns_of(e)), f"{suite}: {columns_of(e)} cannot be null by schema"
+                assert all(schema.field(c).nullable for c in columns_of(e)), (
+                    f"{suite}: {columns_of(e)} cannot be null by schema"
+                )
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +64,9 @@ def test_the_demo_stage_outputs_pass_their_suites(demo):
 def with_value(table: pa.Table, column: str, row: int, value) -> pa.Table:
     values = table.column(column).to_pylist()
     values[row] = value
-    return table.set_column(table.schema.get_field_index(column), column, pa.array(values, table.schema.field(column).type))
+    return table.set_column(
+        table.schema.get_field_index(column), column, pa.array(values, table.schema.field(column).type)
+    )
 
 
 def failed(table: pa.Table, suite: str, cfg) -> list[tuple[str, str | None]]:
@@ -75,28 +83,42 @@ def test_a_filter_that_let_a_bordered_image_through_fails_its_threshold_check(de
 def test_a_kept_row_that_is_not_its_groups_keeper_fails(demo):
     cfg, root = demo
     kept = read_dataset(root / "deduped" / "kept")
-    assert failed(with_value(kept, "dup_group", 0, kept.column("id")[1].as_py()), "deduped", cfg) == [("expect_column_pair_values_to_be_equal", "id,dup_group")]
+    assert failed(with_value(kept, "dup_group", 0, kept.column("id")[1].as_py()), "deduped", cfg) == [
+        ("expect_column_pair_values_to_be_equal", "id,dup_group")
+    ]
 
 
 def test_ids_are_unique_and_the_uri_hash(demo):
     cfg, root = demo
     kept = read_dataset(root / "manifest" / "kept")
-    assert failed(pa.concat_tables([kept, kept.slice(0, 1)]), "manifest", cfg) == [("expect_column_values_to_be_unique", "id")]
-    assert failed(with_value(kept, "id", 0, "not-a-sha1"), "manifest", cfg) == [("expect_column_values_to_match_regex", "id")]
-    assert failed(with_value(kept, "exif_orientation", 0, 9), "manifest", cfg) == [("expect_column_values_to_be_between", "exif_orientation")]
+    assert failed(pa.concat_tables([kept, kept.slice(0, 1)]), "manifest", cfg) == [
+        ("expect_column_values_to_be_unique", "id")
+    ]
+    assert failed(with_value(kept, "id", 0, "not-a-sha1"), "manifest", cfg) == [
+        ("expect_column_values_to_match_regex", "id")
+    ]
+    assert failed(with_value(kept, "exif_orientation", 0, 9), "manifest", cfg) == [
+        ("expect_column_values_to_be_between", "exif_orientation")
+    ]
 
 
 def test_rejects_name_a_registered_reason_and_a_known_stage(demo):
     cfg, root = demo
     rejected = read_dataset(root / "filtered" / "rejected")
-    assert failed(with_value(rejected, "reason", 0, "blurry"), "rejected", cfg) == [("expect_column_values_to_be_in_set", "reason")]
-    assert failed(with_value(rejected, "stage", 0, "filters"), "rejected", cfg) == [("expect_column_values_to_be_in_set", "stage")]
+    assert failed(with_value(rejected, "reason", 0, "blurry"), "rejected", cfg) == [
+        ("expect_column_values_to_be_in_set", "reason")
+    ]
+    assert failed(with_value(rejected, "stage", 0, "filters"), "rejected", cfg) == [
+        ("expect_column_values_to_be_in_set", "stage")
+    ]
 
 
 def test_one_dataset_holds_one_embedders_vectors(demo):
     cfg, root = demo
     kept = read_dataset(root / "embedded" / "kept")
-    assert failed(with_value(kept, "embedder", 0, "hf:siglip:other"), "embedded", cfg) == [("expect_column_unique_value_count_to_be_between", "embedder")]
+    assert failed(with_value(kept, "embedder", 0, "hf:siglip:other"), "embedded", cfg) == [
+        ("expect_column_unique_value_count_to_be_between", "embedder")
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ drift
@@ -118,18 +140,30 @@ def test_aspect_drift_is_measured_against_the_previous_version_stored_beside_the
     as_stage_output(evens, folder)
     before = output_hash(folder)
     first = validate_dataset(folder, "deduped", cfg)
-    assert first.success and [o.success for o in drift_of(first)] == [True] and "no previous version" in drift_of(first)[0].observed
-    assert output_hash(folder) == before and store_path(folder).is_file()  # stored beside the output, its data version untouched
+    assert (
+        first.success
+        and [o.success for o in drift_of(first)] == [True]
+        and "no previous version" in drift_of(first)[0].observed
+    )
+    assert (
+        output_hash(folder) == before and store_path(folder).is_file()
+    )  # stored beside the output, its data version untouched
 
     as_stage_output(odds, folder)  # a new version drawn from the same corpus: no drift
     second = validate_dataset(folder, "deduped", cfg)
     assert second.success and "PSI" in drift_of(second)[0].observed
 
-    wider = odds.set_column(odds.schema.get_field_index("aspect"), "aspect", pc.min_element_wise(pc.multiply(odds.column("aspect"), 1.5), 2.9).cast(pa.float32()))
+    wider = odds.set_column(
+        odds.schema.get_field_index("aspect"),
+        "aspect",
+        pc.min_element_wise(pc.multiply(odds.column("aspect"), 1.5), 2.9).cast(pa.float32()),
+    )
     as_stage_output(wider, folder)  # a new source of wide images
     third = validate_dataset(folder, "deduped", cfg)
     assert [(o.expectation, o.column) for o in third.failed] == [(DRIFT, "aspect")]
-    rerun = validate_dataset(folder, "deduped", cfg)  # the check run again on the same version still compares with the one before
+    rerun = validate_dataset(
+        folder, "deduped", cfg
+    )  # the check run again on the same version still compares with the one before
     assert [(o.expectation, o.column) for o in rerun.failed] == [(DRIFT, "aspect")]
     assert json.loads(store_path(folder).read_text())["previous"]["profile"] == profile(odds)
 

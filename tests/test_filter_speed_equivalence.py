@@ -41,7 +41,12 @@ def band_depth_plain(lines: np.ndarray) -> int:
 def border_share_plain(rgb: np.ndarray) -> float:
     h, w = rgb.shape[:2]
     t = rgb.transpose(1, 0, 2)
-    top, bottom, left, right = band_depth_plain(rgb), band_depth_plain(rgb[::-1]), band_depth_plain(t), band_depth_plain(t[::-1])
+    top, bottom, left, right = (
+        band_depth_plain(rgb),
+        band_depth_plain(rgb[::-1]),
+        band_depth_plain(t),
+        band_depth_plain(t[::-1]),
+    )
     return 1.0 - max(h - top - bottom, 0) * max(w - left - right, 0) / (h * w)
 
 
@@ -71,7 +76,9 @@ def colorhash_plain(hsv: np.ndarray) -> bytes:
     lo = np.floor(h - 0.5)
     frac = (h - 0.5) - lo
     lo_bin = lo.astype(np.int64) % 6
-    hue = np.bincount(lo_bin, weights=colourful * (1.0 - frac), minlength=6) + np.bincount((lo_bin + 1) % 6, weights=colourful * frac, minlength=6)
+    hue = np.bincount(lo_bin, weights=colourful * (1.0 - frac), minlength=6) + np.bincount(
+        (lo_bin + 1) % 6, weights=colourful * frac, minlength=6
+    )
     shares = np.concatenate([[dark.sum(), grey.sum()], hue]) / max(h.size, 1)
     levels = np.clip(np.rint(np.cbrt(shares) * 8), 0, 8).astype(np.int64)
     return np.packbits((np.arange(8)[None, :] < levels[:, None]).ravel()).tobytes()
@@ -80,8 +87,11 @@ def colorhash_plain(hsv: np.ndarray) -> bytes:
 # -------------------------------------------------------------------------------------- generators
 def banded(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     """Noise or a gradient with flat bands of random depth and colour on random sides (some reaching the middle)."""
-    a = rng.integers(0, 256, (h, w, 3)).astype(np.uint8) if rng.random() < 0.5 else np.broadcast_to(
-        np.linspace(0, 255, w, dtype=np.float32)[None, :, None], (h, w, 3)).astype(np.uint8).copy()
+    a = (
+        rng.integers(0, 256, (h, w, 3)).astype(np.uint8)
+        if rng.random() < 0.5
+        else np.broadcast_to(np.linspace(0, 255, w, dtype=np.float32)[None, :, None], (h, w, 3)).astype(np.uint8).copy()
+    )
     colour = rng.integers(0, 256, 3)
     for side in range(4):
         if rng.random() < 0.6:
@@ -91,18 +101,22 @@ def banded(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
             if side == 0:
                 a[:depth] = band
             elif side == 1:
-                a[h - depth:] = band
+                a[h - depth :] = band
             elif side == 2:
                 a[:, :depth] = band.transpose(1, 0, 2)
             else:
-                a[:, w - depth:] = band.transpose(1, 0, 2)
+                a[:, w - depth :] = band.transpose(1, 0, 2)
     return a
 
 
 # ------------------------------------------------------------------------------------------- tests
 def test_the_band_scan_stops_early_but_measures_what_scanning_every_line_measures():
     rng = np.random.default_rng(0)
-    shapes = [(128, 128)] * 300 + [(int(rng.integers(1, 40)), int(rng.integers(1, 40))) for _ in range(200)] + [(1, 1), (2, 2), (3, 3)]
+    shapes = (
+        [(128, 128)] * 300
+        + [(int(rng.integers(1, 40)), int(rng.integers(1, 40))) for _ in range(200)]
+        + [(1, 1), (2, 2), (3, 3)]
+    )
     for h, w in shapes:
         a = banded(rng, h, w)
         assert border_share(a) == border_share_plain(a), (h, w)
@@ -117,8 +131,12 @@ def test_the_median_edge_colour_is_numpys_median():
 
 def test_the_c_histogram_entropy_is_the_bincount_entropy():
     rng = np.random.default_rng(2)
-    images = [rng.integers(0, 256, (64, 64, 3)).astype(np.uint8), np.full((16, 16, 3), 7, np.uint8),
-              rng.integers(0, 4, (33, 17, 3)).astype(np.uint8), banded(rng, 128, 128)]
+    images = [
+        rng.integers(0, 256, (64, 64, 3)).astype(np.uint8),
+        np.full((16, 16, 3), 7, np.uint8),
+        rng.integers(0, 4, (33, 17, 3)).astype(np.uint8),
+        banded(rng, 128, 128),
+    ]
     for a in images:
         assert rgb_entropy(a) == entropy_plain(a)
     strided = rng.integers(0, 256, (40, 40, 3)).astype(np.uint8)[::2, ::3]
@@ -128,7 +146,9 @@ def test_the_c_histogram_entropy_is_the_bincount_entropy():
 def test_the_block_sum_flat_share_is_the_per_block_standard_deviation_share():
     rng = np.random.default_rng(4)
     for i in range(600):
-        h, w = (128, 128) if i % 2 else (int(rng.integers(8, 140)), int(rng.integers(8, 140)))  # odd sizes drop partial blocks
+        h, w = (
+            (128, 128) if i % 2 else (int(rng.integers(8, 140)), int(rng.integers(8, 140)))
+        )  # odd sizes drop partial blocks
         sigma = rng.uniform(1.5, 3.5)  # block standard deviations on both sides of FLAT_STD, many close to it
         rgb = np.clip(rng.integers(0, 256, 3) + rng.normal(0, sigma, (h, w, 3)), 0, 255).astype(np.uint8)
         if i % 7 == 0:
@@ -152,7 +172,9 @@ def test_the_lookup_table_colour_hash_is_the_per_pixel_colour_hash():
 
 def test_the_hash_views_are_pils_conversions_of_the_upright_small_image():
     for orientation in (0, 6, 3):
-        views = decode_views(encoded(scene(5, size=300), "JPEG", quality=90), orientation, decode_size=256, stats_size=128)
+        views = decode_views(
+            encoded(scene(5, size=300), "JPEG", quality=90), orientation, decode_size=256, stats_size=128
+        )
         small = Image.fromarray(views.hash, "RGB")
         assert np.array_equal(views.hash_grey, np.asarray(small.convert("L")))
         assert np.array_equal(views.hash_hsv, np.asarray(small.convert("HSV")))

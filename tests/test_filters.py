@@ -31,7 +31,11 @@ def test_mixed_real_world_files_all_accounted_for(mixed_folder):
     out = filter_stage(manifest.kept, cfg)
     check_accounting("filter", manifest.kept, out)
     got = {r["uri"][len(mixed_folder.as_posix()) + 1 :]: r["reason"] for r in out.rejected.to_pylist()}
-    expected = {name: reason for name, (_, reason) in mixed_files().items() if reason and reason not in ("empty_file", "not_an_image")}
+    expected = {
+        name: reason
+        for name, (_, reason) in mixed_files().items()
+        if reason and reason not in ("empty_file", "not_an_image")
+    }
     assert got == expected
     kept = {Path(u).name for u in out.kept.column("uri").to_pylist()}
     assert {"deep.png", "print.jpg", "anim.gif", "alpha.png", "really_a_jpeg.png", "rotated.jpg"} <= kept
@@ -69,8 +73,18 @@ def test_border_share_measures_flat_bands_at_the_edges():
 
 def test_header_checks_run_before_any_read(tmp_path):
     cfg = load_config(["data.filters.max_pixels=10000"])
-    row = {"id": "x", "uri": str(tmp_path / "never-read.jpg"), "bytes": 1, "md5": "", "format": "JPEG",
-           "width": 200, "height": 200, "mode": "RGB", "exif_orientation": 0, "n_frames": 1}
+    row = {
+        "id": "x",
+        "uri": str(tmp_path / "never-read.jpg"),
+        "bytes": 1,
+        "md5": "",
+        "format": "JPEG",
+        "width": 200,
+        "height": 200,
+        "mode": "RGB",
+        "exif_orientation": 0,
+        "n_frames": 1,
+    }
     from assets.filters import filter_row
 
     assert filter_row(row, cfg.data.filters)[1][0] == "too_many_pixels"
@@ -93,7 +107,11 @@ def reason_scores(truth: list[dict], rejected: dict[str, dict], kept: dict[str, 
         original = rejected.get(t["dup_of"] or "", {})
         if t["dup_of"] and f in kept and original.get("detail") == kept[f] and original.get("reason") == reason:
             g = reason
-        if reason == "kept" and g in ("exact_duplicate", "near_duplicate") and rejected[f]["detail"] in {kept.get(u["file"]) for u in truth if u["dup_of"] == f}:
+        if (
+            reason == "kept"
+            and g in ("exact_duplicate", "near_duplicate")
+            and rejected[f]["detail"] in {kept.get(u["file"]) for u in truth if u["dup_of"] == f}
+        ):
             g = reason
         got[f] = g
     scores = {}

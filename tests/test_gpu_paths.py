@@ -22,7 +22,9 @@ from training.core.gpu_settings import Machine, check_gpu_settings, gpu_setting_
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = Machine(cuda=True, capability=(9, 0), gpu_name="NVIDIA H100 80GB HBM3", torchao=True, symmetric_memory=True)
-NO_GPU = Machine(cuda=False, capability=None, gpu_name=None, torchao=False, symmetric_memory=True)  # this CI machine, or any CPU box
+NO_GPU = Machine(
+    cuda=False, capability=None, gpu_name=None, torchao=False, symmetric_memory=True
+)  # this CI machine, or any CPU box
 A100 = Machine(cuda=True, capability=(8, 0), gpu_name="NVIDIA A100-SXM4-80GB", torchao=True, symmetric_memory=True)
 
 
@@ -42,9 +44,15 @@ def problems_on(machine: Machine, *overrides: str) -> list[tuple[str, str]]:
     [
         (["train.parallel.float8=true"], "parallel.float8 is GPU-only"),
         (["train.device=cuda", "train.parallel.async_tp=true"], "needs tp > 1 and compile=true"),
-        (["train.parallel.async_tp=true", "train.parallel.tp=2", "train.parallel.compile=true"], "async_tp is GPU-only"),
+        (
+            ["train.parallel.async_tp=true", "train.parallel.tp=2", "train.parallel.compile=true"],
+            "async_tp is GPU-only",
+        ),
         (["train.parallel.attention=fastest"], "'auto', 'flash', 'cudnn', 'efficient' or 'math'"),
-        (["train.parallel.float8=true", "train.device=cuda", "train.parallel.float8_recipe=blockwise"], "'tensorwise' or 'rowwise'"),
+        (
+            ["train.parallel.float8=true", "train.device=cuda", "train.parallel.float8_recipe=blockwise"],
+            "'tensorwise' or 'rowwise'",
+        ),
     ],
 )
 def test_a_gpu_only_setting_that_contradicts_the_config_fails_at_load_naming_its_source(overrides, says):
@@ -56,18 +64,34 @@ def test_a_gpu_only_setting_that_contradicts_the_config_fails_at_load_naming_its
 def test_on_a_machine_without_cuda_every_gpu_only_setting_refuses_the_run():
     assert problems_on(NO_GPU, "train.device=cuda") == [("train.device", "cuda but this machine has no CUDA device")]
     float8 = problems_on(NO_GPU, "train.device=cuda", "train.parallel.float8=true")
-    assert ("train.parallel.float8", "float8 needs a CUDA device of capability 8.9+ and this machine has none") in float8
+    assert (
+        "train.parallel.float8",
+        "float8 needs a CUDA device of capability 8.9+ and this machine has none",
+    ) in float8
     assert ("train.parallel.float8", "float8 needs torchao: pip install 'kiln[gpu]'") in float8
-    async_tp = problems_on(NO_GPU, "train.device=cuda", "train.parallel.tp=2", "train.parallel.compile=true", "train.parallel.async_tp=true")
+    async_tp = problems_on(
+        NO_GPU,
+        "train.device=cuda",
+        "train.parallel.tp=2",
+        "train.parallel.compile=true",
+        "train.parallel.async_tp=true",
+    )
     assert ("train.parallel.async_tp", "async TP needs CUDA and torch.distributed._symmetric_memory") in async_tp
     flash_on_cuda = dict(problems_on(NO_GPU, "train.device=cuda", "train.parallel.attention=flash"))
-    assert flash_on_cuda["train.parallel.attention"] == "the flash SDPA backend was asked for on cuda and this machine has no CUDA device"
+    assert (
+        flash_on_cuda["train.parallel.attention"]
+        == "the flash SDPA backend was asked for on cuda and this machine has no CUDA device"
+    )
 
 
 def test_an_attention_backend_without_a_kernel_for_the_dit_s_attention_refuses_the_run():
     for backend in ("efficient", "cudnn"):  # CUDA-only kernels, asked for on the CPU
-        (key, why), = problems_on(NO_GPU, f"train.parallel.attention={backend}")
-        assert key == "train.parallel.attention" and f"SDPA backend {backend} has no kernel on cpu" in why and "key-mask bias" in why
+        ((key, why),) = problems_on(NO_GPU, f"train.parallel.attention={backend}")
+        assert (
+            key == "train.parallel.attention"
+            and f"SDPA backend {backend} has no kernel on cpu" in why
+            and "key-mask bias" in why
+        )
     for backend in ("auto", "math", "flash"):  # flash has a CPU kernel
         assert problems_on(NO_GPU, f"train.parallel.attention={backend}") == []
 
@@ -75,10 +99,12 @@ def test_an_attention_backend_without_a_kernel_for_the_dit_s_attention_refuses_t
 def test_float8_needs_capability_8_9_and_torchao():
     tc = load_config(["train.device=cuda", "train.parallel.float8=true"]).train
     assert gpu_setting_problems(tc, H100, head_dim=64) == []
-    (key, why), = gpu_setting_problems(tc, A100, head_dim=64)
+    ((key, why),) = gpu_setting_problems(tc, A100, head_dim=64)
     assert key == "train.parallel.float8" and "NVIDIA A100-SXM4-80GB is 8.0" in why
     no_torchao = Machine(cuda=True, capability=(9, 0), gpu_name="H100", torchao=False, symmetric_memory=True)
-    assert gpu_setting_problems(tc, no_torchao, head_dim=64) == [("train.parallel.float8", "float8 needs torchao: pip install 'kiln[gpu]'")]
+    assert gpu_setting_problems(tc, no_torchao, head_dim=64) == [
+        ("train.parallel.float8", "float8 needs torchao: pip install 'kiln[gpu]'")
+    ]
 
 
 def test_the_trainer_refuses_a_setting_this_machine_cannot_run_before_it_touches_data_or_output(tmp_path):
@@ -113,12 +139,16 @@ def test_float8_converts_only_the_large_linears_inside_the_dit_blocks(text_encod
     converted = {name for name, m in linears.items() if float8_filter(16)(m, name)}
     assert converted and all(name.startswith("dit.blocks.") for name in converted)
     assert any(not name.startswith("dit.blocks.") for name in linears)  # there were first / last layers to leave out
-    assert {name for name, m in linears.items() if float8_filter(128)(m, name)} == {n for n in converted if min(linears[n].in_features, linears[n].out_features) >= 128}
+    assert {name for name, m in linears.items() if float8_filter(128)(m, name)} == {
+        n for n in converted if min(linears[n].in_features, linears[n].out_features) >= 128
+    }
     assert not any(float8_filter(1024)(m, name) for name, m in linears.items())  # the default: nothing of a micro model
 
 
 # ----------------------------------------------------------------- checkpointing and compile equality
-def _steps(te_dir: str, parallel: dict, steps: int = 3, rows: slice = slice(None), dp_size: int = 1, prepare=None) -> tuple[list[float], dict]:
+def _steps(
+    te_dir: str, parallel: dict, steps: int = 3, rows: slice = slice(None), dp_size: int = 1, prepare=None
+) -> tuple[list[float], dict]:
     """`steps` optimiser steps of a perturbed micro Generator on fixed batches of 4: the losses and the final
     weights. `prepare(gen)` shards it; then `rows` are this rank's share of `dp_size`."""
     from kiln.config import TrainConfig
@@ -148,7 +178,11 @@ def _steps(te_dir: str, parallel: dict, steps: int = 3, rows: slice = slice(None
         text = TextBatch(torch.randn(4, 3, 16, 32, generator=g), mask)
         null = TextBatch(torch.zeros(4, 3, 16, 32), torch.ones(4, 16, dtype=torch.bool))
         cpu = Runtime(torch.device("cpu"), None)
-        losses.append(train_step(Learner(gen, opt, tc, cpu, dp_size), StepBatch(x0, text, null), step_generator(0, step), 1e-2, 1.0, rows).loss)
+        losses.append(
+            train_step(
+                Learner(gen, opt, tc, cpu, dp_size), StepBatch(x0, text, null), step_generator(0, step), 1e-2, 1.0, rows
+            ).loss
+        )
     return losses, {k: v.detach().clone() for k, v in gen.state_dict().items()}
 
 
@@ -169,7 +203,9 @@ def test_per_block_compile_trains_as_the_eager_model_does(text_encoder_dir):
 
     plain_losses, plain = _steps(str(text_encoder_dir), {})
     graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
-    losses, weights = _steps(str(text_encoder_dir), {"compile": True, "activation_checkpointing": "selective"})  # as the ladder's rungs run
+    losses, weights = _steps(
+        str(text_encoder_dir), {"compile": True, "activation_checkpointing": "selective"}
+    )  # as the ladder's rungs run
     assert counters["stats"]["unique_graphs"] > graphs  # the checkpointed blocks did run compiled, not silently eager
     assert sum(counters["graph_break"].values()) == breaks  # each block is one graph
     assert losses == pytest.approx(plain_losses, rel=1e-4, abs=1e-5)
@@ -194,7 +230,10 @@ def test_a_rank_slower_than_the_median_by_the_factor_is_a_straggler():
     assert find_stragglers([1.0, 1.02, 2.1, 1.01], 1.5) == [2]
     assert find_stragglers([1.0, 1.02, 2.1, 1.01], 2.5) == []  # the factor is the configured one
     assert find_stragglers([1.0, 3.0, 1.0, 3.5, 1.0, 1.0], 1.5) == [1, 3]
-    assert find_stragglers([1.0, 1.0, 1.0, 10.0, 1.6], 1.5) == [3, 4]  # against the median: one very slow rank does not hide a slow one
+    assert find_stragglers([1.0, 1.0, 1.0, 10.0, 1.6], 1.5) == [
+        3,
+        4,
+    ]  # against the median: one very slow rank does not hide a slow one
     assert find_stragglers([5.0], 1.5) == []  # one rank has no peers to lag behind
 
 
@@ -204,7 +243,19 @@ def test_telemetry_records_each_rank_s_time_and_flags_the_straggler(tmp_path):
 
     tel = Telemetry(tmp_path)
     for step, seconds in enumerate(([0.5, 0.51], [0.5, 1.4]), start=1):
-        tel.log(StepRecord(step, 1.0, 1.0, 1e-3, 4, 64, max(seconds), rank_seconds=seconds, stragglers=find_stragglers(seconds + [0.5], 1.5)))
+        tel.log(
+            StepRecord(
+                step,
+                1.0,
+                1.0,
+                1e-3,
+                4,
+                64,
+                max(seconds),
+                rank_seconds=seconds,
+                stragglers=find_stragglers(seconds + [0.5], 1.5),
+            )
+        )
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["stragglers"] for r in rows] == [[], [1]] and rows[1]["rank_seconds"] == [0.5, 1.4]
     assert tel.finish()["straggler_steps"] == 1
@@ -227,7 +278,11 @@ def _rank(rank: int, world: int, port: int, delays: list[float], out: str) -> No
     timeout = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu")).options._timeout
     seconds = gather_rank_seconds(delays[rank], torch.device("cpu"))  # the injected per-rank delay
     if rank == 0:
-        Path(out).write_text(json.dumps({"seconds": seconds, "stragglers": find_stragglers(seconds, 1.5), "timeout_s": timeout.total_seconds()}))
+        Path(out).write_text(
+            json.dumps(
+                {"seconds": seconds, "stragglers": find_stragglers(seconds, 1.5), "timeout_s": timeout.total_seconds()}
+            )
+        )
     dist.destroy_process_group()
 
 
@@ -272,7 +327,9 @@ def test_fsdp2_bf16_mixed_precision_computes_in_bf16_and_keeps_fp32_master_weigh
     """The GPU policy, run on CPU through gloo: bf16 parameters inside each block's forward, fp32 reduction,
     fp32 sharded master weights; the losses follow the fp32 run within bf16's precision."""
     out = tmp_path / "bf16.json"
-    torch.multiprocessing.spawn(_bf16_rank, args=(2, _free_port(), str(text_encoder_dir), str(out)), nprocs=2, join=True)
+    torch.multiprocessing.spawn(
+        _bf16_rank, args=(2, _free_port(), str(text_encoder_dir), str(out)), nprocs=2, join=True
+    )
     got = json.loads(out.read_text())
     assert got["fp32"]["compute"] == ["torch.float32"] and got["bf16"]["compute"] == ["torch.bfloat16"]
     assert got["fp32"]["master"] == got["bf16"]["master"] == ["torch.float32"]
@@ -286,14 +343,20 @@ def test_a_gpu_training_job_sets_the_nccl_flight_recorder_and_the_profile_can_ov
 
     gpu = load_config(["cluster=h200", f"++cluster.log_dir={tmp_path}"]).cluster
     setup = executor_parameters(gpu, "train", "t")["slurm_setup"]
-    assert "export TORCH_NCCL_DUMP_ON_TIMEOUT=\"1\"" in setup and "export TORCH_NCCL_TRACE_BUFFER_SIZE=\"2000\"" in setup
+    assert 'export TORCH_NCCL_DUMP_ON_TIMEOUT="1"' in setup and 'export TORCH_NCCL_TRACE_BUFFER_SIZE="2000"' in setup
     assert f'export TORCH_FR_DUMP_TEMP_FILE="{tmp_path.resolve()}/$SLURM_JOB_ID/nccl_trace_rank_"' in setup
-    assert not any("TORCH_NCCL_DUMP_ON_TIMEOUT" in line for line in executor_parameters(gpu, "array", "a").get("slurm_setup", []))  # data stages use no NCCL
+    assert not any(
+        "TORCH_NCCL_DUMP_ON_TIMEOUT" in line for line in executor_parameters(gpu, "array", "a").get("slurm_setup", [])
+    )  # data stages use no NCCL
     cpu = load_config(["cluster=test", f"++cluster.log_dir={tmp_path}"]).cluster
-    assert not any("TORCH_NCCL_DUMP_ON_TIMEOUT" in line for line in executor_parameters(cpu, "train", "t").get("slurm_setup", []))
+    assert not any(
+        "TORCH_NCCL_DUMP_ON_TIMEOUT" in line for line in executor_parameters(cpu, "train", "t").get("slurm_setup", [])
+    )
     mine = gpu.model_copy(update={"env": {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}})
     setup = executor_parameters(mine, "train", "t")["slurm_setup"]
-    assert "export TORCH_NCCL_TRACE_BUFFER_SIZE=50" in setup and 'export TORCH_NCCL_TRACE_BUFFER_SIZE="2000"' not in setup
+    assert (
+        "export TORCH_NCCL_TRACE_BUFFER_SIZE=50" in setup and 'export TORCH_NCCL_TRACE_BUFFER_SIZE="2000"' not in setup
+    )
 
 
 # -------------------------------------------------------------------------------- the GPU check
@@ -308,12 +371,23 @@ def test_the_gpu_check_shards_tp_over_the_gpus_it_finds():
 @pytest.mark.distributed
 def test_the_gpu_check_dry_run_exercises_its_plumbing_on_cpu(tmp_path):
     report_path = tmp_path / "report.json"
-    proc = subprocess.run([str(ROOT / "scripts" / "gpu-check.sh"), "--dry-run", "--out", str(report_path)], cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [str(ROOT / "scripts" / "gpu-check.sh"), "--dry-run", "--out", str(report_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(report_path.read_text())
     assert report["dry_run"] and report["environment"]["torch"] == torch.__version__
     run = report["parallel"]
-    assert run["status"] == "ok" and run["processes"] == 2 and run["losses_finite"] and len(run["rank_seconds_last_step"]) == 2
+    assert (
+        run["status"] == "ok"
+        and run["processes"] == 2
+        and run["losses_finite"]
+        and len(run["rank_seconds_last_step"]) == 2
+    )
     assert run["throughput"]["tokens_per_s"] > 0
     if not torch.cuda.is_available():  # the float8 section records the refusal this machine gives
         assert report["float8"]["status"] == "skipped" and "train.parallel.float8" in report["float8"]["refusal"]

@@ -15,12 +15,23 @@ from training.testing import trained_micro_model
 
 pytestmark = [pytest.mark.slow]
 
-POST = {"judge": "demo_pixel", "iterations": 4, "prompts_per_iter": 2, "group_size": 3, "sample_steps": 4, "save_every": 2, "lr": 1e-3, "kl": 0.05}
+POST = {
+    "judge": "demo_pixel",
+    "iterations": 4,
+    "prompts_per_iter": 2,
+    "group_size": 3,
+    "sample_steps": 4,
+    "save_every": 2,
+    "lr": 1e-3,
+    "kl": 0.05,
+}
 
 
 @pytest.fixture(scope="module")
 def sft(tmp_path_factory):
-    return trained_micro_model(tmp_path_factory.mktemp("grpo"), 24, seed=3, steps=30)  # 30: the output layer has left its zero init
+    return trained_micro_model(
+        tmp_path_factory.mktemp("grpo"), 24, seed=3, steps=30
+    )  # 30: the output layer has left its zero init
 
 
 def with_post(cfg: KilnConfig, **post) -> KilnConfig:
@@ -72,7 +83,15 @@ def test_grpo_climbs_a_reward_it_can_move(sft, tmp_path):
     from training.evaluation.rewards import RewardMix
 
     ckpt, cfg = sft
-    post = {"iterations": 8, "prompts_per_iter": 4, "group_size": 8, "sample_steps": 8, "lr": 1e-3, "kl": 0.0, "save_every": 100}
+    post = {
+        "iterations": 8,
+        "prompts_per_iter": 4,
+        "group_size": 8,
+        "sample_steps": 8,
+        "lr": 1e-3,
+        "kl": 0.0,
+        "save_every": 100,
+    }
     out = grpo(ckpt, tmp_path / "rl", with_post(cfg, **post), mix=RewardMix([(Brightness(), 1.0)]))
     rewards = [json.loads(line)["reward"] for line in (out / "grpo_history.jsonl").read_text().splitlines()]
     assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.1, rewards

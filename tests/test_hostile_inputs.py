@@ -90,7 +90,15 @@ def hostile_corpus(root: Path) -> dict[str, str]:
 def kiln_source(out: Path, *overrides: str) -> None:
     """`kiln source` in a child process. As root it runs without the capabilities that let root read any folder,
     so a folder without permissions is unreadable to it as it would be to a user."""
-    cmd = [sys.executable, "-c", "from kiln.cli import main; raise SystemExit(main())", "source", "--out", str(out), *overrides]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from kiln.cli import main; raise SystemExit(main())",
+        "source",
+        "--out",
+        str(out),
+        *overrides,
+    ]
     if os.geteuid() == 0:
         cmd = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", *cmd]
     done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
@@ -125,7 +133,9 @@ def test_every_hostile_file_meets_its_fate_and_the_outputs_reproduce(corpus, tmp
     kiln_source(tmp_path / "source", f"data.source={src}")
     cfg = load_config(LIMITS)
     got = fates_after(tmp_path, tmp_path / "source" / "listing.parquet", cfg, "one")
-    assert {u: f for u, (f, _, _) in got.items() if expected.get(u) != "twin"} == {u: f for u, f in expected.items() if f != "twin"}
+    assert {u: f for u, (f, _, _) in got.items() if expected.get(u) != "twin"} == {
+        u: f for u, f in expected.items() if f != "twin"
+    }
 
     # byte copies get one reason: the three copies all point at the larger original; the twins at each other's md5
     original = got[f"{src.as_posix()}/photos/original.jpg"][1]
@@ -135,7 +145,10 @@ def test_every_hostile_file_meets_its_fate_and_the_outputs_reproduce(corpus, tmp
 
     # the names that look like uri syntax read back as themselves
     assert read_bytes(f"{src.as_posix()}/photos/x::y.jpg") == (src / "photos" / "x::y.jpg").read_bytes()
-    assert split_uri(tar_uri(f"{src.as_posix()}/shards/odd#%name.tar", "000.jpg")) == (f"{src.as_posix()}/shards/odd#%name.tar", "000.jpg")
+    assert split_uri(tar_uri(f"{src.as_posix()}/shards/odd#%name.tar", "000.jpg")) == (
+        f"{src.as_posix()}/shards/odd#%name.tar",
+        "000.jpg",
+    )
 
     # a second run writes the same bytes: no detail carries a memory address or anything else that changes
     fates_after(tmp_path, tmp_path / "source" / "listing.parquet", cfg, "two")
@@ -151,13 +164,20 @@ def test_symlinks_can_be_refused_at_the_listing_or_at_ingest(corpus, tmp_path):
     kiln_source(tmp_path / "source", f"data.source={src}", "data.ingest.symlinks=refuse")
     listing = pq.read_table(tmp_path / "source" / "listing.parquet").to_pylist()
     refused = {r["uri"]: r["problem"] for r in listing if r["symlink"]}
-    assert refused == {linked: "symlink", f"{src.as_posix()}/loop": "symlink", f"{src.as_posix()}/dangling.jpg": "symlink"}
+    assert refused == {
+        linked: "symlink",
+        f"{src.as_posix()}/loop": "symlink",
+        f"{src.as_posix()}/dangling.jpg": "symlink",
+    }
 
     # listed by a door that has no config (`kiln stage ingest FOLDER`), the link is followed; ingest still refuses it
     cfg = load_config([*LIMITS, "data.ingest.symlinks=refuse"])
     out = ingest(list_inputs(src), cfg)
     reasons = {r["uri"]: (r["reason"], r["detail"]) for r in out.rejected.to_pylist()}
-    assert reasons[f"{linked}/far.jpg"] == ("symlink", f"reached through the symlink {linked} (data.ingest.symlinks=refuse)")
+    assert reasons[f"{linked}/far.jpg"] == (
+        "symlink",
+        f"reached through the symlink {linked} (data.ingest.symlinks=refuse)",
+    )
 
 
 def test_list_entries_are_confined_to_the_lists_folder_and_bad_entries_are_rejected(tmp_path):
@@ -165,7 +185,15 @@ def test_list_entries_are_confined_to_the_lists_folder_and_bad_entries_are_rejec
     (lists / "photos").mkdir(parents=True)
     (lists / "photos" / "ok.jpg").write_bytes(jpeg(scene(50, 200)))
     (tmp_path / "outside.jpg").write_bytes(jpeg(scene(51, 200)))
-    uris = [f"{lists}/photos/ok.jpg", "/etc/passwd", "/dev/zero", f"{lists}/../outside.jpg", None, "", "photos/nul\0.jpg"]
+    uris = [
+        f"{lists}/photos/ok.jpg",
+        "/etc/passwd",
+        "/dev/zero",
+        f"{lists}/../outside.jpg",
+        None,
+        "",
+        "photos/nul\0.jpg",
+    ]
     pq.write_table(pa.table({"uri": pa.array(uris, pa.string())}), lists / "list.parquet")
     pq.write_table(pa.table({"uri": [5]}), lists / "numbers.parquet")
     (lists / "list.txt").write_bytes(f"{lists}/photos/ok.jpg\n".encode() + b"caf\xe9.jpg\n")

@@ -28,7 +28,9 @@ def test_a_bucket_list_reads_only_its_own_bucket_unless_roots_name_more(s3):
     s3.create_bucket(Bucket="shared-list")
     s3.create_bucket(Bucket="someone-else")
     s3.put_object(Bucket="shared-list", Key="photos/ok.jpg", Body=picture)
-    s3.put_object(Bucket="someone-else", Key="private.jpg", Body=picture)  # there and readable: only the list's reach stops it
+    s3.put_object(
+        Bucket="someone-else", Key="private.jpg", Body=picture
+    )  # there and readable: only the list's reach stops it
     own, other = "s3://shared-list/photos/ok.jpg", "s3://someone-else/private.jpg"
     climbing = "s3://shared-list/../someone-else/private.jpg"
     elsewhere = [other, climbing, "/etc/passwd", "file:///etc/passwd", "https://example.invalid/x.jpg"]
@@ -38,7 +40,9 @@ def test_a_bucket_list_reads_only_its_own_bucket_unless_roots_name_more(s3):
     out = ingest(listing, load_config())
     assert out.kept.column("uri").to_pylist() == [own]
     assert {r["uri"]: r["reason"] for r in out.rejected.to_pylist()} == dict.fromkeys(elsewhere, "outside_roots")
-    assert {r["detail"] for r in out.rejected.to_pylist()} == {"not under s3://shared-list/ (data.ingest.roots names more)"}
+    assert {r["detail"] for r in out.rejected.to_pylist()} == {
+        "not under s3://shared-list/ (data.ingest.roots names more)"
+    }
 
     # a bucket the config names is readable too; `..` still climbs nowhere
     out = ingest(listing, load_config(["data.ingest.roots=[s3://someone-else/]"]))

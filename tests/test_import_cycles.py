@@ -95,7 +95,9 @@ def test_a_cycle_through_a_lazy_import_is_found_with_its_lines(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from pkg.b import B\n")
     (pkg / "b.py").write_text("def f():\n    from . import c\n")
-    (pkg / "c.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    from pkg import b\n\n\ndef g():\n    import pkg.a\n")
+    (pkg / "c.py").write_text(
+        "import typing\nif typing.TYPE_CHECKING:\n    from pkg import b\n\n\ndef g():\n    import pkg.a\n"
+    )
     assert import_cycles(tmp_path, ("pkg",)) == [["pkg.a:1 -> pkg.b", "pkg.b:2 -> pkg.c", "pkg.c:7 -> pkg.a"]]
 
 

@@ -20,13 +20,23 @@ def _layered() -> set[str]:
 
 def test_the_contracts_cover_every_package_and_every_module_of_kilns_spine():
     assert set(CONFIG["root_packages"]) == set(PACKAGES)
-    spine = {f"kiln.{p.stem if p.is_file() else p.name}" for p in (REPO_ROOT / "kiln").iterdir() if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").exists())}
+    spine = {
+        f"kiln.{p.stem if p.is_file() else p.name}"
+        for p in (REPO_ROOT / "kiln").iterdir()
+        if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").exists())
+    }
     assert spine <= _layered(), f"not in a layer of [tool.importlinter]: {sorted(spine - _layered())}"
     assert {"assets", "training", "components", "model", "dagster_project"} <= _layered()
 
 
 def test_the_import_contracts_hold():
-    r = subprocess.run([str(Path(sys.executable).parent / "lint-imports"), "--no-cache"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [str(Path(sys.executable).parent / "lint-imports"), "--no-cache"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-3000:]
 
 
@@ -40,5 +50,12 @@ def test_a_wrong_way_import_breaks_a_contract(tmp_path):
     with (tmp_path / "training" / "core" / "objective.py").open("a") as fh:
         fh.write("\n\ndef _leak():\n    from assets.embed import embed_rows  # noqa: F401\n")
     env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    r = subprocess.run([str(Path(sys.executable).parent / "lint-imports"), "--no-cache"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [str(Path(sys.executable).parent / "lint-imports"), "--no-cache"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode != 0 and "training.core.objective -> assets.embed" in r.stdout, r.stdout[-2000:]

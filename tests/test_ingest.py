@@ -63,7 +63,10 @@ def test_manifest_reads_headers_and_rejects_what_is_not_an_image(mixed_folder):
 
 
 def test_unreadable_uris_are_rejected_not_lost(tmp_path):
-    t = pa.Table.from_pylist([{"id": "x", "uri": str(tmp_path / "gone.jpg")}, {"id": "y", "uri": tar_uri(str(tmp_path / "s.tar"), "m.jpg")}], schema=INPUTS)
+    t = pa.Table.from_pylist(
+        [{"id": "x", "uri": str(tmp_path / "gone.jpg")}, {"id": "y", "uri": tar_uri(str(tmp_path / "s.tar"), "m.jpg")}],
+        schema=INPUTS,
+    )
     out = ingest(t, load_config())
     assert out.kept.num_rows == 0 and out.rejected.column("reason").to_pylist() == ["unreadable", "unreadable"]
 

@@ -35,7 +35,9 @@ def test_the_asset_graph_is_one_connected_chain_from_raw_images_to_the_evaluatio
     # and the main chain is a path: each step reads the one before it, and every rung's train set reads the last
     packs = ladder_train_sets(load_config([]))
     upstream = lambda n: asset_of(n.read_paths[0])  # noqa: E731 - what a data step reads first: its upstream
-    assert [upstream(s) for s in MAIN_CHAIN[1:]] == [s.key for s in MAIN_CHAIN[:-1]] and {upstream(p) for p in packs} == {MAIN_CHAIN[-1].key}
+    assert [upstream(s) for s in MAIN_CHAIN[1:]] == [s.key for s in MAIN_CHAIN[:-1]] and {
+        upstream(p) for p in packs
+    } == {MAIN_CHAIN[-1].key}
     for s in [*MAIN_CHAIN, *packs]:
         assert dg.AssetKey(upstream(s)) in graph.get(dg.AssetKey(s.key)).parent_keys
 
@@ -71,8 +73,13 @@ def test_each_dvc_stage_depends_on_its_code_its_config_files_and_its_params():
     assert all(any(k == p or k.startswith(p + ".") for p in evaluation) for k in ("train.eval", "train.sample"))
     sft = stages["train_set_sft"]
     assert "data/coverage" in sft["deps"] and "data.pack.weights_file=data/coverage/weights.parquet" in sft["cmd"]
-    assert "data.pack.mix_file=data/mixes/sft/part-00000.parquet" in sft["cmd"] and "conf/train/demo.yaml" in sft["deps"]
-    assert "train.init_from=data/checkpoint_pretrain" in stages["checkpoint_sft"]["cmd"] and "data/checkpoint_pretrain" in stages["checkpoint_sft"]["deps"]
+    assert (
+        "data.pack.mix_file=data/mixes/sft/part-00000.parquet" in sft["cmd"] and "conf/train/demo.yaml" in sft["deps"]
+    )
+    assert (
+        "train.init_from=data/checkpoint_pretrain" in stages["checkpoint_sft"]["cmd"]
+        and "data/checkpoint_pretrain" in stages["checkpoint_sft"]["deps"]
+    )
     assert stages["checkpoint"]["cmd"].startswith("kiln pma --run data/checkpoint_sft")
     assert "--data data/train_set_pretrain" in stages["evaluation"]["cmd"]
     assert stages["coverage"]["cmd"].startswith("kiln coverage") and stages["mixes"]["cmd"].startswith("kiln mixes")
@@ -134,8 +141,14 @@ def test_a_config_change_marks_the_right_assets_stale(tmp_path, monkeypatch, def
 
     monkeypatch.chdir(tmp_path)
     instance = dg.DagsterInstance.ephemeral()
-    run_config = {"resources": {"kiln": {"config": {"overrides": ["data.demo.n=40"], "data_dir": str(tmp_path / "data")}}}}
-    assert job_for(["raw_images", "manifest", "filtered", "deduped"], False).execute_in_process(run_config=run_config, instance=instance).success
+    run_config = {
+        "resources": {"kiln": {"config": {"overrides": ["data.demo.n=40"], "data_dir": str(tmp_path / "data")}}}
+    }
+    assert (
+        job_for(["raw_images", "manifest", "filtered", "deduped"], False)
+        .execute_in_process(run_config=run_config, instance=instance)
+        .success
+    )
 
     def status(graph) -> dict[str, StaleStatus]:
         resolver = CachingStaleStatusResolver(instance, graph, LoadingContextForTest(instance))

@@ -37,7 +37,9 @@ def test_kiln_run_prints_one_concise_line_per_asset_and_no_dagster_event_stream(
     row = re.compile(r"^kiln run: (manifest|filtered)\s+\d+ in\s+\d+ kept\s+\d+ rejected\s+[\d.]+ s$")
     assert all(row.match(line) for line in lines[1:]), lines
     assert re.match(r"^kiln run: raw_images\s+40 objects listed\s+[\d.]+ s$", lines[0]), lines[0]
-    events = [line for line in terminal if re.search(r"DEBUG|STEP_START|STEP_SUCCESS|ASSET_MATERIALIZATION|RUN_SUCCESS", line)]
+    events = [
+        line for line in terminal if re.search(r"DEBUG|STEP_START|STEP_SUCCESS|ASSET_MATERIALIZATION|RUN_SUCCESS", line)
+    ]
     assert not events, events[:5]
 
 
@@ -45,7 +47,11 @@ def test_every_asset_has_a_code_version():
     from dagster_project.definitions import defs
 
     graph = defs.resolve_asset_graph()
-    unversioned = [k.to_user_string() for k in graph.get_all_asset_keys() if graph.get(k).is_materializable and graph.get(k).code_version is None]
+    unversioned = [
+        k.to_user_string()
+        for k in graph.get_all_asset_keys()
+        if graph.get(k).is_materializable and graph.get(k).code_version is None
+    ]
     assert unversioned == []
 
 

@@ -66,7 +66,11 @@ def test_ties_trims_elects_the_sign_and_averages_only_the_agreeing_entries():
 
 def test_ties_drops_the_minority_sign_instead_of_cancelling():
     base = torch.zeros(1)
-    merged = merge_state_dicts([{"w": torch.tensor([1.0])}, {"w": torch.tensor([0.8])}, {"w": torch.tensor([-0.5])}], {"w": base}, MergeConfig(method="ties", density=1.0))
+    merged = merge_state_dicts(
+        [{"w": torch.tensor([1.0])}, {"w": torch.tensor([0.8])}, {"w": torch.tensor([-0.5])}],
+        {"w": base},
+        MergeConfig(method="ties", density=1.0),
+    )
     torch.testing.assert_close(merged["w"], torch.tensor([(1.0 + 0.8) / 2]))  # the -0.5 is out: not (1 + 0.8 - 0.5) / 3
 
 
@@ -109,15 +113,29 @@ def test_a_shard_draws_the_dare_mask_the_whole_tensor_draws():
     shape = (6, 10, 4)
     whole = keep_mask(3, 1, "dit.blocks.0.mlp.gate_up.weight", block_index(shape), 0.3)
     assert torch.equal(block_index(shape).reshape(-1), torch.arange(240))
-    rows = keep_mask(3, 1, "dit.blocks.0.mlp.gate_up.weight", torch.arange(80, 160).view(2, 10, 4), 0.3)  # an FSDP row shard
+    rows = keep_mask(
+        3, 1, "dit.blocks.0.mlp.gate_up.weight", torch.arange(80, 160).view(2, 10, 4), 0.3
+    )  # an FSDP row shard
     assert torch.equal(rows, whole[2:4])
-    block = keep_mask(3, 1, "dit.blocks.0.mlp.gate_up.weight", block_index(shape, (1, 5, 2), (3, 5, 2)), 0.3)  # a TP column block
+    block = keep_mask(
+        3, 1, "dit.blocks.0.mlp.gate_up.weight", block_index(shape, (1, 5, 2), (3, 5, 2)), 0.3
+    )  # a TP column block
     assert torch.equal(block, whole[1:4, 5:10, 2:4])
     # and so the merge of a shard is the shard of the merge
     g = torch.Generator().manual_seed(0)
     base, a, b = (torch.randn(shape, generator=g) for _ in range(3))
     full = dare(base, [a, b], [0.5, 0.5], 0.3, 1.0, 3, "x", elect_sign=True)
-    part = dare(base[1:4, 5:, 2:], [a[1:4, 5:, 2:], b[1:4, 5:, 2:]], [0.5, 0.5], 0.3, 1.0, 3, "x", index=block_index(shape, (1, 5, 2), (3, 5, 2)), elect_sign=True)
+    part = dare(
+        base[1:4, 5:, 2:],
+        [a[1:4, 5:, 2:], b[1:4, 5:, 2:]],
+        [0.5, 0.5],
+        0.3,
+        1.0,
+        3,
+        "x",
+        index=block_index(shape, (1, 5, 2), (3, 5, 2)),
+        elect_sign=True,
+    )
     assert torch.equal(part, full[1:4, 5:, 2:])
 
 
@@ -151,7 +169,13 @@ def test_weight_lists_of_different_lengths_are_refused_naming_both():
 def test_the_search_tries_the_listed_merges_then_the_weight_grid():
     cfg = MergeConfig(method="ties", density=0.4, search=[{"scale": 0.5}, {"weights": [2, 1], "density": 0.9}], grid=2)
     got = [(c.weights, c.scale, c.density) for c in search_candidates(cfg, 2)]
-    assert got == [([], 0.5, 0.4), ([2, 1], 1.0, 0.9), ([1.0, 0.0], 1.0, 0.4), ([0.5, 0.5], 1.0, 0.4), ([0.0, 1.0], 1.0, 0.4)]
+    assert got == [
+        ([], 0.5, 0.4),
+        ([2, 1], 1.0, 0.9),
+        ([1.0, 0.0], 1.0, 0.4),
+        ([0.5, 0.5], 1.0, 0.4),
+        ([0.0, 1.0], 1.0, 0.4),
+    ]
     assert [c.weights for c in search_candidates(MergeConfig(), 3)] == [[]]  # nothing to search: the merge itself
     with pytest.raises(ValueError, match="candidate 0: post.merge.weights has 2 entries for 3 sources"):
         search_candidates(MergeConfig(search=[{"weights": [1, 1]}]), 3)
@@ -191,7 +215,11 @@ def test_merging_exports_streams_into_a_generator_checkpoint(exports, tmp_path, 
     base, a, b = exports
     cfg = MergeConfig(method=method, weights=[2, 1], density=0.6, scale=0.9, seed=5)
     out = merge_exports([a, b], base, tmp_path / "merged", cfg)
-    in_memory = merge_state_dicts([load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))], load_file(str(base / "model.safetensors")), cfg)
+    in_memory = merge_state_dicts(
+        [load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))],
+        load_file(str(base / "model.safetensors")),
+        cfg,
+    )
     loaded = Generator.from_pretrained(out).state_dict()
     assert sorted(loaded) == sorted(in_memory)
     for name, t in in_memory.items():
@@ -233,7 +261,9 @@ def test_a_dcp_step_merges_like_its_export(text_encoder_dir, tmp_path):
     folders = {}
     for name, seed in (("base", 0), ("a", 1), ("b", 2)):
         run = _export(gen, tmp_path / name, seed)
-        step = Checkpointer(run, keep=1, async_save=False, mesh_facts={"tp": 1}).save(gen, torch.optim.AdamW(gen.parameters()), RunState(1, DataPosition()))
+        step = Checkpointer(run, keep=1, async_save=False, mesh_facts={"tp": 1}).save(
+            gen, torch.optim.AdamW(gen.parameters()), RunState(1, DataPosition())
+        )
         folders[name] = (run, step)
     cfg = MergeConfig(method="dare_ties", density=0.5, seed=1)
     from_dcp = merge_dcp([folders["a"][1], folders["b"][1]], folders["base"][1], tmp_path / "from_dcp", cfg)
@@ -243,18 +273,26 @@ def test_a_dcp_step_merges_like_its_export(text_encoder_dir, tmp_path):
 
 
 def test_parts_joined_are_the_bytes_one_writer_writes(tmp_path):
-    tensors = {"b": torch.arange(6, dtype=torch.float32).view(2, 3), "a": torch.ones(3, dtype=torch.bfloat16), "c": torch.tensor(7)}
+    tensors = {
+        "b": torch.arange(6, dtype=torch.float32).view(2, 3),
+        "a": torch.ones(3, dtype=torch.bfloat16),
+        "c": torch.tensor(7),
+    }
     specs = {k: (v.dtype, tuple(v.shape)) for k, v in tensors.items()}
     for name, keys in (("one", ["a", "b", "c"]), ("p0", ["b"]), ("p1", ["a", "c"])):
         w = SafetensorsWriter(tmp_path / f"{name}.safetensors", {k: specs[k] for k in keys}, {"format": "x"})
         for k in sorted(keys):
             w.write(k, tensors[k])
         w.close()
-    join_parts([tmp_path / "p0.safetensors", tmp_path / "p1.safetensors"], tmp_path / "joined.safetensors", {"format": "x"})
+    join_parts(
+        [tmp_path / "p0.safetensors", tmp_path / "p1.safetensors"], tmp_path / "joined.safetensors", {"format": "x"}
+    )
     assert (tmp_path / "joined.safetensors").read_bytes() == (tmp_path / "one.safetensors").read_bytes()
     back = load_file(str(tmp_path / "joined.safetensors"))
     assert all(torch.equal(back[k], tensors[k]) for k in tensors)
-    save_file(tensors, str(tmp_path / "library.safetensors"))  # the library reads what it writes; so does the writer's reader
+    save_file(
+        tensors, str(tmp_path / "library.safetensors")
+    )  # the library reads what it writes; so does the writer's reader
     from training.core.safetensors_stream import read_header
 
     assert read_header(tmp_path / "library.safetensors")[0] == specs
@@ -268,7 +306,10 @@ def _closeness(a_dir, b_dir):
 
     def score(folder):
         m = load_file(str(folder / "model.safetensors"))
-        return {"a": -sum(float((m[k] - a[k]).pow(2).sum()) for k in m), "b": -sum(float((m[k] - b[k]).pow(2).sum()) for k in m)}
+        return {
+            "a": -sum(float((m[k] - a[k]).pow(2).sum()) for k in m),
+            "b": -sum(float((m[k] - b[k]).pow(2).sum()) for k in m),
+        }
 
     return score
 
@@ -277,18 +318,33 @@ def test_the_search_keeps_the_best_mean_score_and_reports_every_candidate(export
     base, a, b = exports
     cfg = MergeConfig(method="linear", grid=4)
     report = merge_search([a, b], base, tmp_path / "merge", cfg, _closeness(a, b))
-    assert [c["weights"] for c in report["candidates"]] == [[1.0, 0.0], [0.75, 0.25], [0.5, 0.5], [0.25, 0.75], [0.0, 1.0]]
+    assert [c["weights"] for c in report["candidates"]] == [
+        [1.0, 0.0],
+        [0.75, 0.25],
+        [0.5, 0.5],
+        [0.25, 0.75],
+        [0.0, 1.0],
+    ]
     assert report["kept"] == 2  # the midpoint
     means = [c["mean"] for c in report["candidates"]]
     assert means[2] == max(means) and all(set(c["scores"]) == {"a", "b"} for c in report["candidates"])
     assert json.loads((tmp_path / "merge" / "merge_search.json").read_text()) == report
-    assert json.loads((tmp_path / "merge" / "merge.json").read_text())["weights"] == [0.5, 0.5]  # the kept merge is in `out`
+    assert json.loads((tmp_path / "merge" / "merge.json").read_text())["weights"] == [
+        0.5,
+        0.5,
+    ]  # the kept merge is in `out`
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "base", "merge"]  # no candidate left behind
 
 
 def test_the_search_keeps_the_first_of_equal_scores(exports, tmp_path):
     base, a, b = exports
-    report = merge_search([a, b], base, tmp_path / "merge", MergeConfig(method="ties", search=[{"scale": 0.5}, {"scale": 1.0}]), lambda folder: {"x": 1.0, "y": 0.0})
+    report = merge_search(
+        [a, b],
+        base,
+        tmp_path / "merge",
+        MergeConfig(method="ties", search=[{"scale": 0.5}, {"scale": 1.0}]),
+        lambda folder: {"x": 1.0, "y": 0.0},
+    )
     assert report["kept"] == 0 and [c["mean"] for c in report["candidates"]] == [0.5, 0.5]
     assert json.loads((tmp_path / "merge" / "merge.json").read_text())["scale"] == 0.5
 
@@ -298,7 +354,22 @@ def test_kiln_merge_reads_the_method_from_post_merge(exports, tmp_path, capsys):
 
     base, a, b = exports
     assert (
-        main(["merge", "--source", str(a), "--source", str(b), "--base", str(base), "--out", str(tmp_path / "cli"), "post.merge.method=ties", "post.merge.weights=[2,1]", "post.merge.density=0.3"])
+        main(
+            [
+                "merge",
+                "--source",
+                str(a),
+                "--source",
+                str(b),
+                "--base",
+                str(base),
+                "--out",
+                str(tmp_path / "cli"),
+                "post.merge.method=ties",
+                "post.merge.weights=[2,1]",
+                "post.merge.density=0.3",
+            ]
+        )
         == 0
     )
     assert capsys.readouterr().out.strip() == str(tmp_path / "cli")

@@ -29,7 +29,9 @@ def _generator(te_dir: str, seed: int):
     from model.generator import Generator
     from model.testing import micro_model_config
 
-    dit = DiTConfig(width=64, depth=2, heads=4, kv_heads=2, mlp_hidden=128, patch_size=2, in_channels=3, pad_to_multiple=16)
+    dit = DiTConfig(
+        width=64, depth=2, heads=4, kv_heads=2, mlp_hidden=128, patch_size=2, in_channels=3, pad_to_multiple=16
+    )
     torch.manual_seed(0)
     gen = Generator.build(micro_model_config(te_dir), dit)
     torch.manual_seed(seed)
@@ -80,12 +82,16 @@ def test_merging_sharded_dcp_steps_equals_merging_their_gathered_exports(text_en
 
     key = tmp_path / "checkpoint.key"
     monkeypatch.setenv(KEY_ENV, str(key))
-    torch.multiprocessing.spawn(_worker, args=(2, _free_port(), str(text_encoder_dir), str(tmp_path), str(key)), nprocs=2, join=True)
+    torch.multiprocessing.spawn(
+        _worker, args=(2, _free_port(), str(text_encoder_dir), str(tmp_path), str(key)), nprocs=2, join=True
+    )
     assert json.loads((complete_checkpoints(tmp_path / "a")[0] / "train_state.json").read_text())["tp"] == 2
     for method in METHODS:
         cfg = MergeConfig(method=method, weights=[0.7, 0.3], density=0.5, scale=0.9, seed=3)
         sharded = tmp_path / f"merged-{method}"
-        gathered = merge_exports([tmp_path / "a", tmp_path / "b"], tmp_path / "base", tmp_path / f"gathered-{method}", cfg)
+        gathered = merge_exports(
+            [tmp_path / "a", tmp_path / "b"], tmp_path / "base", tmp_path / f"gathered-{method}", cfg
+        )
         assert (sharded / "model.safetensors").read_bytes() == (gathered / "model.safetensors").read_bytes(), method
         assert json.loads((sharded / "merge.json").read_text())["ranks"] == 2
         assert verify_export(sharded)

@@ -16,19 +16,24 @@ from kiln.stage import write_table
 
 def pool(n: int = 200) -> pa.Table:
     """A warehouse-like pool: 25% text-bearing rows, two source folders, a quality measure."""
-    return pa.table({
-        "id": [f"{i:04d}" for i in range(n)],
-        "uri": [f"raw/images/{'00' if i % 3 else '01'}/{i}.png" for i in range(n)],
-        "contains_text": [i % 4 == 0 for i in range(n)],
-        "caption": ["a striped thing" if i % 5 == 0 else "a circle" for i in range(n)],
-        "laplacian_var": [float((i * 37) % 101) for i in range(n)],
-    })
+    return pa.table(
+        {
+            "id": [f"{i:04d}" for i in range(n)],
+            "uri": [f"raw/images/{'00' if i % 3 else '01'}/{i}.png" for i in range(n)],
+            "contains_text": [i % 4 == 0 for i in range(n)],
+            "caption": ["a striped thing" if i % 5 == 0 else "a circle" for i in range(n)],
+            "laplacian_var": [float((i * 37) % 101) for i in range(n)],
+        }
+    )
 
 
 CFG = MixConfig(
     midtrain_size=50,
-    midtrain=[MixPart(name="text", where="contains_text", share=0.4), MixPart(name="stripes", where="caption LIKE '%striped%'", share=0.2),
-              MixPart(name="rest", where="true", share=0.4)],
+    midtrain=[
+        MixPart(name="text", where="contains_text", share=0.4),
+        MixPart(name="stripes", where="caption LIKE '%striped%'", share=0.2),
+        MixPart(name="rest", where="true", share=0.4),
+    ],
     sft_size=10,
 )
 
@@ -54,16 +59,27 @@ def test_mixes_come_out_in_the_configured_proportions():
     assert len(ids & text_ids) >= 20  # the text part's rows are text rows
     sft, _ = mixes["sft"]
     best = sorted(pool().to_pylist(), key=lambda r: -r["laplacian_var"])[:10]
-    assert sft.num_rows == 10 and set(sft.column("id").to_pylist()) <= {r["id"] for r in pool().to_pylist() if r["laplacian_var"] >= best[-1]["laplacian_var"]}
+    assert sft.num_rows == 10 and set(sft.column("id").to_pylist()) <= {
+        r["id"] for r in pool().to_pylist() if r["laplacian_var"] >= best[-1]["laplacian_var"]
+    }
 
 
 def test_a_part_with_too_few_rows_is_recorded_short_and_weights_travel_along():
-    cfg = CFG.model_copy(update={"midtrain": [MixPart(name="text", where="contains_text AND laplacian_var > 95", share=0.5), MixPart(name="rest", where="true", share=0.5)]})
+    cfg = CFG.model_copy(
+        update={
+            "midtrain": [
+                MixPart(name="text", where="contains_text AND laplacian_var > 95", share=0.5),
+                MixPart(name="rest", where="true", share=0.5),
+            ]
+        }
+    )
     weights = pa.table({"id": ["0000", "0004"], "sampling_weight": [3.0, 0.5]})
     mixes = build_mixes(pool(), cfg, weights)
     props = mixes["midtrain"][1]["proportions"]
     assert props["text"]["short"] and props["text"]["rows"] < props["text"]["quota"] == 25
-    w = dict(zip(mixes["pretrain"][0].column("id").to_pylist(), mixes["pretrain"][0].column("sampling_weight").to_pylist()))
+    w = dict(
+        zip(mixes["pretrain"][0].column("id").to_pylist(), mixes["pretrain"][0].column("sampling_weight").to_pylist())
+    )
     assert (w["0000"], w["0004"], w["0001"]) == (3.0, 0.5, 1.0)
 
 

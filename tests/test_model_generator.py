@@ -27,7 +27,9 @@ def test_text_batch_has_the_configured_layers_and_a_padding_mask(text_encoder_di
     assert text.hidden.shape == (3, 3, 16, 32)  # [B, n_layers, max_length, backbone width]
     assert text.mask.dtype == torch.bool and text.mask.sum(1).tolist() == [5, 8, 2]  # [CLS] ... [SEP]
     assert not text.hidden.requires_grad
-    states = gen.backbone.model(**gen.backbone.tokenizer(PROMPTS[:1], return_tensors="pt"), output_hidden_states=True).hidden_states
+    states = gen.backbone.model(
+        **gen.backbone.tokenizer(PROMPTS[:1], return_tensors="pt"), output_hidden_states=True
+    ).hidden_states
     assert torch.allclose(text.hidden[0, 0, :5], states[-1][0], atol=1e-5)
 
 

@@ -20,7 +20,9 @@ def test_default_config_loads_the_packaged_minilm_and_builds_the_nano_demo_model
     text = gen.encode_text(prompts)
     assert text.hidden.shape == (3, 3, 32, 384)
     last = text.hidden[:, 0]  # layer -1, mean-pooled like sentence-transformers
-    pooled = torch.nn.functional.normalize((last * text.mask[..., None]).sum(1) / text.mask.sum(1, keepdim=True), dim=-1)
+    pooled = torch.nn.functional.normalize(
+        (last * text.mask[..., None]).sum(1) / text.mask.sum(1, keepdim=True), dim=-1
+    )
     sim = pooled @ pooled.T
     assert sim[0, 1] > sim[0, 2] + 0.2  # pretrained weights: similar captions embed close together
     x = torch.randn(3, 3, 32, 32)

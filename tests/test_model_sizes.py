@@ -16,7 +16,9 @@ def swiglu_width(width: int) -> int:
     return math.ceil(8 * width / 3 / 64) * 64
 
 
-def dit_parameters(width, depth, heads, kv_heads, mlp_hidden, patch=2, channels=3, modulation="light", timestep_tokens=0) -> int:
+def dit_parameters(
+    width, depth, heads, kv_heads, mlp_hidden, patch=2, channels=3, modulation="light", timestep_tokens=0
+) -> int:
     """The DiT's parameter count written out from its shape, module by module (model/dit.py's design):
 
     per block: fused q, k, v and gate projection (no bias), output projection (no bias), two learned
@@ -54,12 +56,20 @@ def test_size_builds_on_meta_with_the_parameter_count_its_shape_implies(name):
     assert built(size=name) == dit_parameters(s.width, s.depth, s.heads, s.kv_heads, swiglu_width(s.width))
 
 
-@pytest.mark.parametrize("variant", [{"modulation": "adaln"}, {"timestep_tokens": 4}, {"patch_size": 4}, {"in_channels": 4}])
+@pytest.mark.parametrize(
+    "variant", [{"modulation": "adaln"}, {"timestep_tokens": 4}, {"patch_size": 4}, {"in_channels": 4}]
+)
 def test_the_count_follows_the_modulation_timestep_tokens_patch_and_channels(variant):
     s = get_size("micro")
-    shape = {"patch": variant.get("patch_size", 2), "channels": variant.get("in_channels", 3),
-             "modulation": variant.get("modulation", "light"), "timestep_tokens": variant.get("timestep_tokens", 0)}
-    assert built(size="micro", **variant) == dit_parameters(s.width, s.depth, s.heads, s.kv_heads, s.mlp_hidden, **shape)
+    shape = {
+        "patch": variant.get("patch_size", 2),
+        "channels": variant.get("in_channels", 3),
+        "modulation": variant.get("modulation", "light"),
+        "timestep_tokens": variant.get("timestep_tokens", 0),
+    }
+    assert built(size="micro", **variant) == dit_parameters(
+        s.width, s.depth, s.heads, s.kv_heads, s.mlp_hidden, **shape
+    )
 
 
 def test_the_named_sizes_land_where_their_notes_say():

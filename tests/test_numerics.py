@@ -43,8 +43,14 @@ print(numerics.mode(), "avx512" if wide else "avx2", blas[0] if blas else "-")
 
 
 def _python(code: str, **env: str) -> str:
-    clean = {k: v for k, v in os.environ.items() if k not in ("NPY_ENABLE_CPU_FEATURES", "OPENBLAS_CORETYPE", "KILN_NUMERICS")}
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env={**clean, **env}, capture_output=True, text=True, check=True)
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("NPY_ENABLE_CPU_FEATURES", "OPENBLAS_CORETYPE", "KILN_NUMERICS")
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env={**clean, **env}, capture_output=True, text=True, check=True
+    )
     return out.stdout.strip()
 
 

@@ -52,7 +52,9 @@ def signs(tmp_path_factory):
         "OPEN DAILY 9 TO 5": printed_sign(d, "one_line", [(256, 128, "OPEN DAILY 9 TO 5")]),
         "OPEN DAILY\n9 TO 5": printed_sign(d, "two_lines", [(256, 96, "OPEN DAILY"), (256, 160, "9 TO 5")]),
         "EXIT PARKING": printed_sign(d, "far_apart", [(90, 128, "EXIT"), (400, 128, "PARKING")]),  # one line, two boxes
-        "OPEN DAILY": scene_image(d, "demo_sign", sign("OPEN DAILY")),  # the demo corpus's renderer and size: ~10 px glyphs
+        "OPEN DAILY": scene_image(
+            d, "demo_sign", sign("OPEN DAILY")
+        ),  # the demo corpus's renderer and size: ~10 px glyphs
     }
 
 
@@ -67,12 +69,16 @@ def ocr_text(engine: str, path: Path) -> str:
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_line_keeps_the_spaces_between_its_words(engine, signs):
-    assert ocr_text(engine, signs["OPEN DAILY 9 TO 5"]) == "OPEN DAILY 9 TO 5"  # without the spacing rule rapidocr gives 'OPENDAILY 9TO 5'
+    assert (
+        ocr_text(engine, signs["OPEN DAILY 9 TO 5"]) == "OPEN DAILY 9 TO 5"
+    )  # without the spacing rule rapidocr gives 'OPENDAILY 9TO 5'
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_two_line_sign_reads_top_line_first_one_line_each(engine, signs):
-    assert ocr_text(engine, signs["OPEN DAILY\n9 TO 5"]) == "OPEN DAILY\n9 TO 5"  # without the spacing rule tesseract gives '9TO5'
+    assert (
+        ocr_text(engine, signs["OPEN DAILY\n9 TO 5"]) == "OPEN DAILY\n9 TO 5"
+    )  # without the spacing rule tesseract gives '9TO5'
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -88,21 +94,39 @@ def test_the_small_demo_sign_keeps_its_word_space(engine, signs):
 def test_a_wide_blank_between_two_characters_is_a_space_a_narrow_one_is_not():
     chars, centres = list("OPENDAILY"), [10, 30, 50, 70, 110, 130, 150, 170, 190]
     assert spaced_text(chars, centres, [(80, 100, 0.6), (135, 140, 0.1)]) == "OPEN DAILY"  # run widths in text heights
-    assert spaced_text(list("OPEN DAILY"), [10, 30, 50, 70, 90, 110, 130, 150, 170, 190], []) == "OPEN DAILY"  # the recogniser's own space
+    assert (
+        spaced_text(list("OPEN DAILY"), [10, 30, 50, 70, 90, 110, 130, 150, 170, 190], []) == "OPEN DAILY"
+    )  # the recogniser's own space
     # digits share one advance, so a narrow '1' stands well clear of its neighbour: '11' is one number, '1 1' two
     assert spaced_text(list("11"), [10, 40], [(20, 30, 0.43)]) == "11"
     assert spaced_text(list("11"), [10, 50], [(20, 40, 0.64)]) == "1 1"
 
 
 def test_pieces_of_a_line_join_left_to_right_and_lines_read_top_to_bottom():
-    pieces = [TextBox(300, 52, 400, 80, "PARKING", 0.9), TextBox(10, 100, 90, 130, "9 TO 5", 0.8), TextBox(10, 50, 90, 78, "EXIT", 1.0)]
+    pieces = [
+        TextBox(300, 52, 400, 80, "PARKING", 0.9),
+        TextBox(10, 100, 90, 130, "9 TO 5", 0.8),
+        TextBox(10, 50, 90, 78, "EXIT", 1.0),
+    ]
     lines = merge_lines(pieces)
     assert [b.text for b in lines] == ["EXIT PARKING", "9 TO 5"]
-    assert (lines[0].x0, lines[0].y0, lines[0].x1, lines[0].y1, lines[0].confidence) == (10, 50, 400, 80, pytest.approx(0.95))
+    assert (lines[0].x0, lines[0].y0, lines[0].x1, lines[0].y1, lines[0].confidence) == (
+        10,
+        50,
+        400,
+        80,
+        pytest.approx(0.95),
+    )
     # the detector sometimes boxes a line's last glyph a second time: that reading is dropped
-    assert [b.text for b in merge_lines([TextBox(60, 40, 430, 86, "OPEN DAILY 9 TO 5", 0.9), TextBox(417, 47, 443, 79, "5", 1.0)])] == ["OPEN DAILY 9 TO 5"]
+    assert [
+        b.text
+        for b in merge_lines([TextBox(60, 40, 430, 86, "OPEN DAILY 9 TO 5", 0.9), TextBox(417, 47, 443, 79, "5", 1.0)])
+    ] == ["OPEN DAILY 9 TO 5"]
     # but a word under an overrunning box of another word is kept
-    assert [b.text for b in merge_lines([TextBox(108, 112, 481, 142, "PARKING", 0.96), TextBox(291, 93, 359, 156, "ANY", 0.96)])] == ["PARKING ANY"]
+    assert [
+        b.text
+        for b in merge_lines([TextBox(108, 112, 481, 142, "PARKING", 0.96), TextBox(291, 93, 359, 156, "ANY", 0.96)])
+    ] == ["PARKING ANY"]
 
 
 PARKING_HOCR = """<span class='ocrx_word' id='word_1_2' title='bbox 323 335 1443 427; x_wconf 96'>
@@ -134,8 +158,16 @@ def test_measurements_count_overlaps_once_and_grow_with_the_amount_of_text():
     assert two["min_text_height"] == 4
     assert json.loads(two["ocr_boxes"])[0][4] == "AB"
     none = measure([], 20, 20, "x")
-    assert (none["contains_text"], none["ocr_text"], none["text_complexity"], none["text_area_share"]) == (False, "", 0.0, 0.0)
-    assert [b.text for b in reading_order([TextBox(30, 1, 40, 9, "right", 1), TextBox(0, 2, 10, 9, "left", 1)])] == ["left", "right"]
+    assert (none["contains_text"], none["ocr_text"], none["text_complexity"], none["text_area_share"]) == (
+        False,
+        "",
+        0.0,
+        0.0,
+    )
+    assert [b.text for b in reading_order([TextBox(30, 1, 40, 9, "right", 1), TextBox(0, 2, 10, 9, "left", 1)])] == [
+        "left",
+        "right",
+    ]
 
 
 def test_rapidocr_reads_the_sign_and_finds_no_text_in_a_circle(images):
@@ -149,7 +181,9 @@ def test_rapidocr_reads_the_sign_and_finds_no_text_in_a_circle(images):
 
 
 def test_tesseract_reads_the_sign(images):
-    boxes = TesseractEngine(upscale=3).read(__import__("PIL.Image", fromlist=["Image"]).open(images["PIZZA"]).convert("RGB"))
+    boxes = TesseractEngine(upscale=3).read(
+        __import__("PIL.Image", fromlist=["Image"]).open(images["PIZZA"]).convert("RGB")
+    )
     assert "PIZZA" in " ".join(b.text for b in boxes)
     assert all(0 <= b.x0 < b.x1 <= 112 and 0 <= b.y0 < b.y1 <= 104 for b in boxes)  # boxes back in source pixels
 

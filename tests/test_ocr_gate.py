@@ -26,7 +26,11 @@ class CountingEngine(RapidOCREngine):
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
     d = tmp_path_factory.mktemp("gate")
-    return [scene_image(d, "pizza", sign("PIZZA")), scene_image(d, "circle", shape("circle")), scene_image(d, "square", shape("square"))]
+    return [
+        scene_image(d, "pizza", sign("PIZZA")),
+        scene_image(d, "circle", shape("circle")),
+        scene_image(d, "square", shape("square")),
+    ]
 
 
 def test_only_images_the_detector_fires_on_are_read_and_the_rest_are_kept_as_text_free(images):
@@ -35,5 +39,7 @@ def test_only_images_the_detector_fires_on_are_read_and_the_rest_are_kept_as_tex
     kept = check_schema(out.kept, OCRED, "ocr").to_pylist()
     assert out.rejected.num_rows == 0 and len(kept) == len(images)  # nothing lost
     assert kept[0]["ocr_text"] == "PIZZA" and kept[0]["ocr_engine"] == "rapidocr"
-    assert [r["ocr_engine"] for r in kept[1:]] == [gate.name, gate.name] and not any(r["contains_text"] for r in kept[1:])
+    assert [r["ocr_engine"] for r in kept[1:]] == [gate.name, gate.name] and not any(
+        r["contains_text"] for r in kept[1:]
+    )
     assert engine.reads == 1  # the shapes never reached the full OCR

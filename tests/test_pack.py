@@ -128,21 +128,34 @@ def test_every_packed_row_carries_all_caption_forms_and_the_long_caption(images)
     source = {r["id"]: r for r in table.to_pylist()}
     for row in kept.to_pylist():
         src = source[row["id"]]
-        assert row["caption_forms"] == json.dumps({f: src[f"caption_{f}"] for f in sorted(FORMS)}, ensure_ascii=False)  # sorted keys: fixed bytes
+        assert row["caption_forms"] == json.dumps(
+            {f: src[f"caption_{f}"] for f in sorted(FORMS)}, ensure_ascii=False
+        )  # sorted keys: fixed bytes
         assert row["caption"] == src["caption"]
         assert row["sampling_weight"] == 1.0  # no weights file: every row weight 1
 
 
 def test_weights_come_from_the_weights_file_by_id_and_a_row_it_misses_gets_one(images, tmp_path):
     table = rewritten_table(images)
-    ids = sorted(r["id"] for r in table.to_pylist() if not r["uri"].endswith("broken.png"))  # ids hash the tmp path: the broken image (rejected) may sort anywhere
+    ids = sorted(
+        r["id"] for r in table.to_pylist() if not r["uri"].endswith("broken.png")
+    )  # ids hash the tmp path: the broken image (rejected) may sort anywhere
     named = {ids[0]: 3.0, ids[1]: 0.0, ids[2]: 0.25, "not-in-the-pool": 9.0}
-    write_table(pa.table({"id": list(named), "concepts": ["[]"] * len(named), "sampling_weight": list(named.values())}), tmp_path / "weights.parquet")
-    cfg = load_config(["data.pack.batch_size=1", f"data.pack.weights_file={tmp_path / 'weights.parquet'}"])  # no remainder: every row kept
+    write_table(
+        pa.table({"id": list(named), "concepts": ["[]"] * len(named), "sampling_weight": list(named.values())}),
+        tmp_path / "weights.parquet",
+    )
+    cfg = load_config(
+        ["data.pack.batch_size=1", f"data.pack.weights_file={tmp_path / 'weights.parquet'}"]
+    )  # no remainder: every row kept
 
     kept = pack_rows(table, cfg).kept
     got = dict(zip(kept.column("id").to_pylist(), kept.column("sampling_weight").to_pylist()))
-    assert {i: got[i] for i in ids[:3]} == {ids[0]: 3.0, ids[1]: 0.0, ids[2]: 0.25}  # weight 0 is kept: the loader never draws it
+    assert {i: got[i] for i in ids[:3]} == {
+        ids[0]: 3.0,
+        ids[1]: 0.0,
+        ids[2]: 0.25,
+    }  # weight 0 is kept: the loader never draws it
     assert {got[i] for i in ids[3:] if i in got} == {1.0}
 
 

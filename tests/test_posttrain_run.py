@@ -53,7 +53,11 @@ def brightness_mix():
 def config(te_dir, tp: int = 1) -> KilnConfig:
     from model.testing import micro_model_config
 
-    return KilnConfig(model=micro_model_config(te_dir), train=TrainConfig(threads=1, parallel={"tp": tp}), post=PostConfig.model_validate(POST))
+    return KilnConfig(
+        model=micro_model_config(te_dir),
+        train=TrainConfig(threads=1, parallel={"tp": tp}),
+        post=PostConfig.model_validate(POST),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -67,13 +71,27 @@ def start(tmp_path_factory, text_encoder_dir):
     root = tmp_path_factory.mktemp("posttrain")
     cfg = config(text_encoder_dir)
     torch.manual_seed(0)
-    gen = Generator.build(cfg.model, DiTConfig(width=64, depth=2, heads=4, kv_heads=2, mlp_hidden=128, patch_size=2, in_channels=3, pad_to_multiple=16))
+    gen = Generator.build(
+        cfg.model,
+        DiTConfig(
+            width=64, depth=2, heads=4, kv_heads=2, mlp_hidden=128, patch_size=2, in_channels=3, pad_to_multiple=16
+        ),
+    )
     with torch.no_grad():
         for p in gen.parameters():
             p.add_(0.05 * torch.randn_like(p))
     ckpt = root / "start"
     gen.save_pretrained(ckpt)
-    state = TrainState(step=0, position=DataPosition(), final_loss=None, loss_ema=None, bucket=f"{SIDE}x{SIDE}", rows=0, holdout=0, num_params=gen.num_params())
+    state = TrainState(
+        step=0,
+        position=DataPosition(),
+        final_loss=None,
+        loss_ema=None,
+        bucket=f"{SIDE}x{SIDE}",
+        rows=0,
+        holdout=0,
+        num_params=gen.num_params(),
+    )
     (ckpt / STATE_FILE).write_text(state.to_json())
 
     specs = demo_prompts()[:6]
@@ -128,8 +146,16 @@ def test_two_ranks_train_dpo_and_grpo_to_the_weights_of_one_process(start, tmp_p
     from training.post.grpo import grpo
 
     ckpt, pairs = start
-    one = {"dpo": dpo(ckpt, pairs, tmp_path / "dpo_one", config(text_encoder_dir)), "grpo": grpo(ckpt, tmp_path / "grpo_one", config(text_encoder_dir), mix=brightness_mix())}
-    torch.multiprocessing.spawn(_rank, args=(2, [_free_port() for _ in range(4)], str(ckpt), str(pairs), str(tmp_path), str(text_encoder_dir)), nprocs=2, join=True)
+    one = {
+        "dpo": dpo(ckpt, pairs, tmp_path / "dpo_one", config(text_encoder_dir)),
+        "grpo": grpo(ckpt, tmp_path / "grpo_one", config(text_encoder_dir), mix=brightness_mix()),
+    }
+    torch.multiprocessing.spawn(
+        _rank,
+        args=(2, [_free_port() for _ in range(4)], str(ckpt), str(pairs), str(tmp_path), str(text_encoder_dir)),
+        nprocs=2,
+        join=True,
+    )
 
     initial = weights(ckpt)
     for name, kind in (("dpo_dp2", "dpo"), ("dpo_tp2", "dpo"), ("grpo_dp2", "grpo")):
@@ -140,7 +166,9 @@ def test_two_ranks_train_dpo_and_grpo_to_the_weights_of_one_process(start, tmp_p
         # fp32 sums in another order give ~1e-7 in a loss; Adam's normalised steps turn that into ~1e-5 on
         # weights whose gradient is near zero; a wrong share of the batch or a missed reduction is > 1e-2
         diffs = {k: float((got[k] - ref[k]).abs().max()) for k in ref}
-        assert max(diffs.values()) < 2e-4, f"{name}: differs from one process by {max(diffs.values())} ({sorted(diffs, key=diffs.get)[-3:]})"
+        assert max(diffs.values()) < 2e-4, (
+            f"{name}: differs from one process by {max(diffs.values())} ({sorted(diffs, key=diffs.get)[-3:]})"
+        )
         steps = history(tmp_path / name, kind)
         assert len(steps) == len(history(one[kind], kind)) == 3  # the resumed GRPO run has each iteration once
         for a, b in zip(steps, history(one[kind], kind), strict=True):  # the logged terms are global means
@@ -148,10 +176,15 @@ def test_two_ranks_train_dpo_and_grpo_to_the_weights_of_one_process(start, tmp_p
             assert a.get("reward", 0.0) == pytest.approx(b.get("reward", 0.0), rel=1e-5), name
             assert a.get("winner_loglik", 0.0) == pytest.approx(b.get("winner_loglik", 0.0), rel=1e-3, abs=1e-7), name
         assert verify_export(tmp_path / name)  # the export is the single-process folder, with its checksums
-        assert json.loads((tmp_path / name / f"{kind}.json").read_text())["parallel"] == {"world_size": 2, "tp": 2 if name.endswith("tp2") else 1}
+        assert json.loads((tmp_path / name / f"{kind}.json").read_text())["parallel"] == {
+            "world_size": 2,
+            "tp": 2 if name.endswith("tp2") else 1,
+        }
 
 
-def test_a_run_killed_between_checkpoints_resumes_from_the_last_one_and_logs_each_step_once(start, tmp_path, text_encoder_dir):
+def test_a_run_killed_between_checkpoints_resumes_from_the_last_one_and_logs_each_step_once(
+    start, tmp_path, text_encoder_dir
+):
     """Steps logged after the last checkpoint are done again by the resumed run: their lines are replaced, not repeated."""
     from training.post.dpo import dpo
 

@@ -56,7 +56,12 @@ def test_a_stage_that_loses_a_row_fails_that_row_not_the_batch():
 
 def test_arrow_types_map_to_postgres_types_that_hold_them():
     assert [pg_type(t) for t in (pa.int8(), pa.int32(), pa.int64(), pa.float32(), pa.float64())] == [
-        "smallint", "integer", "bigint", "real", "double precision"]
+        "smallint",
+        "integer",
+        "bigint",
+        "real",
+        "double precision",
+    ]
     assert pg_type(pa.binary(18)) == "bytea" and pg_type(pa.string()) == "text"
     with pytest.raises(TypeError, match="no Postgres column type"):
         pg_type(pa.list_(pa.float32()))

@@ -11,7 +11,9 @@ from kiln.warehouse.run import run_map
 
 
 def _ids(folder):
-    return sorted(read_dataset(folder / "kept").column("id").to_pylist()), sorted(read_dataset(folder / "rejected").column("id").to_pylist())
+    return sorted(read_dataset(folder / "kept").column("id").to_pylist()), sorted(
+        read_dataset(folder / "rejected").column("id").to_pylist()
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +36,9 @@ def manifest(tmp_path_factory):
 def test_map_on_the_embedded_warehouse_matches_the_stage(manifest, tmp_path):
     cfg = load_config(["cluster.workers=1"])
     ref = run_stage("filter", manifest / "manifest", tmp_path / "ref", cfg)
-    got = run_map("filter", manifest / "manifest", tmp_path / "q", cfg, dsn=None, workers=2, table="manifest", log=lambda _: None)
+    got = run_map(
+        "filter", manifest / "manifest", tmp_path / "q", cfg, dsn=None, workers=2, table="manifest", log=lambda _: None
+    )
     assert (got.kept, got.rejected, got.by_reason) == (ref.kept, ref.rejected, ref.by_reason)
     assert _ids(tmp_path / "q") == _ids(tmp_path / "ref")
 
@@ -49,7 +53,16 @@ def test_map_on_postgres_matches_the_stage(manifest, tmp_path, dsn):
         pg.drop_table(conn, "cli_manifest")
     cfg = load_config(["cluster.workers=1"])
     ref = run_stage("filter", manifest / "manifest", tmp_path / "ref", cfg)
-    got = run_map("filter", manifest / "manifest", tmp_path / "q", cfg, dsn=dsn, workers=2, table="cli_manifest", log=lambda _: None)
+    got = run_map(
+        "filter",
+        manifest / "manifest",
+        tmp_path / "q",
+        cfg,
+        dsn=dsn,
+        workers=2,
+        table="cli_manifest",
+        log=lambda _: None,
+    )
     assert (got.kept, got.rejected, got.by_reason) == (ref.kept, ref.rejected, ref.by_reason)
     assert _ids(tmp_path / "q") == _ids(tmp_path / "ref")
 
@@ -76,5 +89,13 @@ def test_map_refuses_an_output_over_its_input_before_any_work(manifest, tmp_path
 
     before = sorted(p.name for p in (manifest / "manifest" / "kept").iterdir())
     with pytest.raises(OutputError):
-        run_map("filter", manifest / "manifest", manifest / "manifest", load_config([]), dsn=None, workers=1, log=lambda _: None)
+        run_map(
+            "filter",
+            manifest / "manifest",
+            manifest / "manifest",
+            load_config([]),
+            dsn=None,
+            workers=1,
+            log=lambda _: None,
+        )
     assert sorted(p.name for p in (manifest / "manifest" / "kept").iterdir()) == before

@@ -16,7 +16,10 @@ CFG = KilnConfig()
 
 
 def digests(folder) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*.parquet"))}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*.parquet"))
+    }
 
 
 def test_every_row_comes_out_kept_or_rejected_with_its_reason(tmp_path):
@@ -28,7 +31,10 @@ def test_every_row_comes_out_kept_or_rejected_with_its_reason(tmp_path):
     assert out.kept.schema == COMPUTE.output_schema
     assert out.rejected.num_rows == 230 // REJECT_EVERY
     assert set(out.rejected.column("reason").to_pylist()) == {Reason.PROBE_REJECT}
-    assert sorted(out.kept.column("id").to_pylist() + out.rejected.column("id").to_pylist()) == rows.column("id").to_pylist()
+    assert (
+        sorted(out.kept.column("id").to_pylist() + out.rejected.column("id").to_pylist())
+        == rows.column("id").to_pylist()
+    )
 
 
 def test_two_runs_write_byte_identical_files_whatever_the_worker_count(tmp_path):
@@ -40,7 +46,9 @@ def test_two_runs_write_byte_identical_files_whatever_the_worker_count(tmp_path)
 
 
 def test_a_poison_row_is_retried_behind_the_others_then_rejected_with_its_error(tmp_path):
-    handle = wh.map(COMPUTE, probe_rows(120, poison=[7]), workers=1, batch_size=40, cfg=CFG, max_attempts=3, root=tmp_path)
+    handle = wh.map(
+        COMPUTE, probe_rows(120, poison=[7]), workers=1, batch_size=40, cfg=CFG, max_attempts=3, root=tmp_path
+    )
     final = handle.wait(progress_bar=False, timeout=60)
     assert (final.done, final.failed, final.pending, final.remaining) == (120, 0, 0, 0)
     attempts, status, error = handle.state()["row-0000007"]
@@ -50,8 +58,14 @@ def test_a_poison_row_is_retried_behind_the_others_then_rejected_with_its_error(
     # pass 0 holds every batch with the poison row's 39 batch-mates done; the retries are passes 1 and 2,
     # and the row that failed them all is rejected in the last file
     parts = sorted(p.name for p in (tmp_path / "images__probe_compute").glob("part-*.parquet"))
-    assert parts == ["part-00-00000.parquet", "part-00-00001.parquet", "part-00-00002.parquet",
-                     "part-01-00000.parquet", "part-02-00000.parquet", "part-03-00000.parquet"]
+    assert parts == [
+        "part-00-00000.parquet",
+        "part-00-00001.parquet",
+        "part-00-00002.parquet",
+        "part-01-00000.parquet",
+        "part-02-00000.parquet",
+        "part-03-00000.parquet",
+    ]
 
 
 def test_another_process_can_attach_and_query_with_duckdb(tmp_path):

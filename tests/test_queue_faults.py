@@ -59,7 +59,9 @@ def test_embedded_a_row_that_takes_its_worker_down_is_rejected_and_the_run_compl
     assert_one_reject_and_the_rest_exactly_once(handle, 40, fault, says)
     # its batch-mates lost one attempt with it, then were retried one row at a time
     state = handle.state()
-    assert {i: a for i, (a, s, _) in state.items() if a == 2 and s == "kept"} == {f"row-{i:07d}": 2 for i in range(10, 20) if i != FAULTY_ROW}
+    assert {i: a for i, (a, s, _) in state.items() if a == 2 and s == "kept"} == {
+        f"row-{i:07d}": 2 for i in range(10, 20) if i != FAULTY_ROW
+    }
 
 
 KILLED_RUN = """
@@ -115,7 +117,9 @@ def fresh(dsn: str, table: str, stage: str) -> str:
 @pytest.mark.parametrize("fault", ["sigkill", "segfault", "hang"])
 def test_postgres_a_row_that_takes_its_worker_down_is_rejected_and_the_job_finishes(dsn, fault):
     table = fresh(dsn, f"qf_{fault}", FAULTS.name)
-    handle = wh.map(FAULTS, fault_rows(40, {FAULTY_ROW: fault}), dsn=dsn, workers=2, table=table, batch_size=10, cfg=CFG)
+    handle = wh.map(
+        FAULTS, fault_rows(40, {FAULTY_ROW: fault}), dsn=dsn, workers=2, table=table, batch_size=10, cfg=CFG
+    )
     says = "ran past its lease of 1.5 s" if fault == "hang" else "died while it held this row"
     assert_one_reject_and_the_rest_exactly_once(handle, 40, fault, says)
     lost = [w.exitcode for w in handle.processes if w.exitcode != 0]
@@ -125,7 +129,9 @@ def test_postgres_a_row_that_takes_its_worker_down_is_rejected_and_the_job_finis
 @pytest.mark.postgres
 def test_postgres_a_row_that_always_raises_becomes_a_stage_error_reject(dsn):
     table = fresh(dsn, "qf_raise", FAULTS.name)
-    handle = wh.map(FAULTS, fault_rows(20, {FAULTY_ROW: "raise"}), dsn=dsn, workers=1, table=table, batch_size=10, cfg=CFG)
+    handle = wh.map(
+        FAULTS, fault_rows(20, {FAULTY_ROW: "raise"}), dsn=dsn, workers=1, table=table, batch_size=10, cfg=CFG
+    )
     handle.wait(progress_bar=False, timeout=60)
     (reject,) = handle.results().rejected.to_pylist()
     assert reject["reason"] == Reason.STAGE_ERROR and "always raises" in reject["detail"]
@@ -193,10 +199,16 @@ def test_kiln_map_on_postgres_gives_new_results_for_a_new_config(manifests, tmp_
     from kiln.warehouse.run import run_map
 
     quiet = {"log": lambda _: None}
-    small = run_map("filter", manifests / "six", tmp_path / "a", load_config(["data.filters.min_side=128"]), dsn, 1, **quiet)
-    large = run_map("filter", manifests / "six", tmp_path / "b", load_config(["data.filters.min_side=150"]), dsn, 1, **quiet)
+    small = run_map(
+        "filter", manifests / "six", tmp_path / "a", load_config(["data.filters.min_side=128"]), dsn, 1, **quiet
+    )
+    large = run_map(
+        "filter", manifests / "six", tmp_path / "b", load_config(["data.filters.min_side=150"]), dsn, 1, **quiet
+    )
     assert (too_small(small), too_small(large)) == (2, 4)
-    again = run_map("filter", manifests / "six", tmp_path / "c", load_config(["data.filters.min_side=128"]), dsn, 1, **quiet)
+    again = run_map(
+        "filter", manifests / "six", tmp_path / "c", load_config(["data.filters.min_side=128"]), dsn, 1, **quiet
+    )
     assert again == small
 
 
@@ -239,8 +251,13 @@ def test_kiln_map_fails_when_rows_out_are_not_the_rows_in():
     rows = probe_rows(4)
     extra = probe_rows(6).select(["id", "uri"])
     out = StageOutput(extra.slice(0, 3), Rejects("probe").table())
-    with pytest.raises(RuntimeError, match=r"4 rows in but 3 kept \+ 0 rejected out of warehouse table 't' \(0 not in this input.*1 without a result"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"4 rows in but 3 kept \+ 0 rejected out of warehouse table 't' \(0 not in this input.*1 without a result",
+    ):
         check_rows_out("probe", "t", rows, out)
     with pytest.raises(RuntimeError, match=r"2 not in this input, e.g. \['row-0000004', 'row-0000005'\]"):
         check_rows_out("probe", "t", rows, StageOutput(extra, Rejects("probe").table()))
-    check_rows_out("probe", "t", rows, StageOutput(extra.slice(0, 4), Rejects("probe").table()))  # the same ids: written
+    check_rows_out(
+        "probe", "t", rows, StageOutput(extra.slice(0, 4), Rejects("probe").table())
+    )  # the same ids: written

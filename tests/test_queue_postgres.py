@@ -77,7 +77,12 @@ def test_attach_from_elsewhere_sees_the_same_job(eight_workers, dsn):
     _, _, final = eight_workers
     watcher = wh.attach(COMPUTE.name, table="q_eight", dsn=dsn)
     seen = watcher.progress()
-    assert (seen.total, seen.kept, seen.rejected, seen.failed) == (final.total, final.kept, final.rejected, final.failed)
+    assert (seen.total, seen.kept, seen.rejected, seen.failed) == (
+        final.total,
+        final.kept,
+        final.rejected,
+        final.failed,
+    )
     assert watcher.wait(progress_bar=False, timeout=5).remaining == 0
 
 
@@ -119,7 +124,9 @@ def test_a_poison_row_does_not_block_the_others_is_retried_at_the_back_then_reje
     assert (progress.done, progress.failed, progress.pending, progress.remaining) == (300, 0, 0, 0)
     attempts, status, error = handle.state()["row-0000005"]
     assert (attempts, status) == (3, "rejected") and "poison rows ['row-0000005']" in error
-    (reject,) = handle.query(f'SELECT reason, detail FROM "{table}__probe_compute__rejected" WHERE id = \'row-0000005\'')
+    (reject,) = handle.query(
+        f"SELECT reason, detail FROM \"{table}__probe_compute__rejected\" WHERE id = 'row-0000005'"
+    )
     assert reject[0] == Reason.STAGE_ERROR and "poison rows" in reject[1] and reject[1].endswith("(after 3 attempts)")
     first_retry_after_rest = handle.query(
         f"""SELECT bool_and(p.last_tried_at > o.last_tried_at) FROM "{table}__probe_compute" p, "{table}__probe_compute" o
@@ -160,8 +167,14 @@ def test_warehouse_tables_keep_exact_arrow_types(dsn):
         ]
     )
     data = pa.table(
-        {"id": ["a", "b"], "small": [-128, None], "f32": [0.1, float("inf")], "hash": [b"\x00\x01\x02", b"xyz"],
-         "flag": [True, None], "note": ["tab\tand\nnewline\\", None]},
+        {
+            "id": ["a", "b"],
+            "small": [-128, None],
+            "f32": [0.1, float("inf")],
+            "hash": [b"\x00\x01\x02", b"xyz"],
+            "flag": [True, None],
+            "note": ["tab\tand\nnewline\\", None],
+        },
         schema=schema,
     )
     with db_connect(dsn) as conn:

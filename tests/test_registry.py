@@ -65,7 +65,9 @@ def test_for_every_node_dagster_versions_by_what_dvc_depends_on(dvc):
         assert [d for d in stage["deps"] if d not in data] == list(vi.files), node.key
         assert data == [f"data/{p}" for p in node.read_paths], node.key
         assert stage.get("params", []) == present_params(list(vi.params), composed), node.key
-        assert stage["cmd"] == " ".join(["kiln", node.command, *map(shlex.quote, call_args(node, [], "data"))]), node.key
+        assert stage["cmd"] == " ".join(["kiln", node.command, *map(shlex.quote, call_args(node, [], "data"))]), (
+            node.key
+        )
 
 
 def test_every_dvc_command_is_a_kiln_command_that_parses_to_its_node_command(dvc):
@@ -117,7 +119,10 @@ def test_editing_the_trainer_reruns_the_checkpoints_and_not_the_curation(repo_co
         fh.write("\n# an edit\n")
     after = _versions(keys)
     assert [k for k in keys if after[k] != before[k]] == ["checkpoint_pretrain"]
-    assert "training/core/trainer.py" in dvc["checkpoint_pretrain"]["deps"] and "training/core/trainer.py" not in dvc["filtered"]["deps"]
+    assert (
+        "training/core/trainer.py" in dvc["checkpoint_pretrain"]["deps"]
+        and "training/core/trainer.py" not in dvc["filtered"]["deps"]
+    )
 
 
 def test_editing_a_rungs_train_file_marks_its_checkpoint_stale_in_both_doors(repo_copy, monkeypatch, dvc):
@@ -129,7 +134,10 @@ def test_editing_a_rungs_train_file_marks_its_checkpoint_stale_in_both_doors(rep
     conf.write_text(conf.read_text().replace("lr: 0.002", "lr: 0.003"))
     after = _versions(keys)
     assert after["checkpoint_pretrain"] != before["checkpoint_pretrain"] and after["filtered"] == before["filtered"]
-    assert "conf/train/demo.yaml" in dvc["checkpoint_pretrain"]["deps"] and "conf/train/demo.yaml" not in dvc["filtered"]["deps"]
+    assert (
+        "conf/train/demo.yaml" in dvc["checkpoint_pretrain"]["deps"]
+        and "conf/train/demo.yaml" not in dvc["filtered"]["deps"]
+    )
 
 
 def test_every_asset_of_the_definitions_comes_from_the_registry_module(defs, assets_of_nodes):
@@ -139,11 +147,18 @@ def test_every_asset_of_the_definitions_comes_from_the_registry_module(defs, ass
 
 def test_each_node_says_what_one_task_needs_and_its_asset_carries_it(assets_of_nodes):
     rows = {n.key: n for n in with_door("dagster", CFG)}
-    assert rows["embedded"].resources.cpus == 2 and rows["filtered"].resources.gpus == 0  # a data stage: its stage's own declaration
-    assert rows["checkpoint_pretrain"].resources.gpus == 1 and rows["evaluation"].resources.gpus == 1  # a torch model: a GPU a task
+    assert (
+        rows["embedded"].resources.cpus == 2 and rows["filtered"].resources.gpus == 0
+    )  # a data stage: its stage's own declaration
+    assert (
+        rows["checkpoint_pretrain"].resources.gpus == 1 and rows["evaluation"].resources.gpus == 1
+    )  # a torch model: a GPU a task
     for key, node in rows.items():
         if key != "raw_images":
-            assert assets_of_nodes[key].op.tags == {"kiln/cpus": str(node.resources.cpus), "kiln/gpus": str(node.resources.gpus)}, key
+            assert assets_of_nodes[key].op.tags == {
+                "kiln/cpus": str(node.resources.cpus),
+                "kiln/gpus": str(node.resources.gpus),
+            }, key
 
 
 @pytest.mark.parametrize("profile", [[], ["ladder=krea"]])

@@ -40,7 +40,13 @@ def demo_images(size: int = 32) -> tuple[list[RubricPrompt], np.ndarray]:
 def test_a_demo_prompt_decomposes_into_the_requirements_its_grammar_makes_checkable():
     prompts, _ = demo_images()
     first = prompts[0]  # "a large red circle on the left, on a blue background"
-    assert [(r.attribute, r.value) for r in first.requirements] == [("color", "red"), ("position", "left"), ("background", "blue"), ("count", "1"), ("shape", "circle")]
+    assert [(r.attribute, r.value) for r in first.requirements] == [
+        ("color", "red"),
+        ("position", "left"),
+        ("background", "blue"),
+        ("count", "1"),
+        ("shape", "circle"),
+    ]
     assert all(r.question.endswith("?") for r in first.requirements)
 
 
@@ -87,11 +93,19 @@ def test_a_rubric_set_keeps_prompts_given_requirements_and_rejects_the_rest_with
 
     from training.evaluation.rubric import RUBRIC_FILE, write_rubric_set
 
-    answers = {"a red circle on a blue background": "Q: Is there a circle?\nQ: Is it red?\nQ: Is the background blue?", "a feeling of calm": "I cannot say."}
-    report = write_rubric_set(list(answers), lambda p: RubricPrompt(p, parse_questions(answers[p])), tmp_path / "rubric", {"model": "llm"})
+    answers = {
+        "a red circle on a blue background": "Q: Is there a circle?\nQ: Is it red?\nQ: Is the background blue?",
+        "a feeling of calm": "I cannot say.",
+    }
+    report = write_rubric_set(
+        list(answers), lambda p: RubricPrompt(p, parse_questions(answers[p])), tmp_path / "rubric", {"model": "llm"}
+    )
     assert report == {"prompts_in": 2, "prompts": 1, "rejected": 1, "decoding": {"model": "llm"}}
     (kept,) = read_prompt_set(tmp_path / "rubric" / RUBRIC_FILE)
-    assert kept.prompt == "a red circle on a blue background" and [r.question for r in kept.requirements][-1] == "Is the background blue?"
+    assert (
+        kept.prompt == "a red circle on a blue background"
+        and [r.question for r in kept.requirements][-1] == "Is the background blue?"
+    )
     rejected = [json.loads(x) for x in (tmp_path / "rubric" / "rejected.jsonl").read_text().splitlines()]
     assert rejected == [{"prompt": "a feeling of calm", "reason": "no_requirements"}]
 
@@ -104,8 +118,18 @@ def test_kiln_rubric_writes_a_prompt_set_with_a_causal_lm_by_path(tmp_path, caps
     from kiln.cli import main
 
     llm = write_tiny_causal_lm(tmp_path / "llm")
-    (tmp_path / "prompts.txt").write_text("# real prompts\na red circle\n\na sign that says \"OPEN\"\n")
-    argv = ["rubric", "--prompts", str(tmp_path / "prompts.txt"), "--llm", str(llm), "--out", str(tmp_path / "rubric"), "--max-new-tokens", "8"]
+    (tmp_path / "prompts.txt").write_text('# real prompts\na red circle\n\na sign that says "OPEN"\n')
+    argv = [
+        "rubric",
+        "--prompts",
+        str(tmp_path / "prompts.txt"),
+        "--llm",
+        str(llm),
+        "--out",
+        str(tmp_path / "rubric"),
+        "--max-new-tokens",
+        "8",
+    ]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["prompts_in"] == 2 and report["prompts"] + report["rejected"] == 2  # every prompt kept or rejected
@@ -129,12 +153,16 @@ def test_edit_distance_and_text_similarity_by_hand():
     assert edit_distance("kitten", "sitting") == 3 and edit_distance("", "abc") == 3
     assert text_similarity("OPEN  daily!", "open daily") == 1.0
     assert text_similarity("opem daily", "open daily") == pytest.approx(0.9)
-    assert quoted_text('a sign with the word "OPEN" and "DAILY"') == "OPEN DAILY" and quoted_text("a red circle") is None
+    assert (
+        quoted_text('a sign with the word "OPEN" and "DAILY"') == "OPEN DAILY" and quoted_text("a red circle") is None
+    )
 
 
 def sign(text: str, size=(320, 96)) -> np.ndarray:
     im = Image.new("RGB", size, "white")
-    ImageDraw.Draw(im).text((size[0] // 2, size[1] // 2), text, fill="black", font=ImageFont.truetype("DejaVuSans.ttf", 40), anchor="mm")
+    ImageDraw.Draw(im).text(
+        (size[0] // 2, size[1] // 2), text, fill="black", font=ImageFont.truetype("DejaVuSans.ttf", 40), anchor="mm"
+    )
     return np.asarray(im)
 
 
@@ -268,12 +296,20 @@ def test_reward_means_average_the_mix_and_each_reward_over_the_images_it_could_s
         def score(self, prompt, images):
             return np.asarray(self.table[prompt.prompt], float)
 
-    mix = RewardMix([(ByPrompt("rubric", {"a": [1.0, 0.0], "b": [0.5, 0.5]}), 1.0), (ByPrompt("text", {"a": [np.nan, np.nan], "b": [1.0, 0.0]}), 1.0)])
+    mix = RewardMix(
+        [
+            (ByPrompt("rubric", {"a": [1.0, 0.0], "b": [0.5, 0.5]}), 1.0),
+            (ByPrompt("text", {"a": [np.nan, np.nan], "b": [1.0, 0.0]}), 1.0),
+        ]
+    )
     means = reward_means(mix, [RubricPrompt("a"), RubricPrompt("b")], np.zeros((2, 2, 4, 4, 3), np.uint8))
     # mix per image: a -> [1, 0] (text cannot score it), b -> [0.75, 0.25]; text only over b's two images
     assert means == {"mix": 0.5, "rubric": 0.5, "text": 0.5}
     nothing = RewardMix([(ByPrompt("text", {"a": [np.nan]}), 1.0)])
-    assert reward_means(nothing, [RubricPrompt("a")], np.zeros((1, 1, 4, 4, 3), np.uint8)) == {"mix": None, "text": None}
+    assert reward_means(nothing, [RubricPrompt("a")], np.zeros((1, 1, 4, 4, 3), np.uint8)) == {
+        "mix": None,
+        "text": None,
+    }
 
 
 def test_the_evaluations_prompt_following_is_the_rubric_over_a_prompt_set_file(tmp_path):
@@ -307,13 +343,19 @@ def test_the_rubric_with_the_pixel_judge_scores_exactly_what_the_demo_checker_di
 
     prompts, images = demo_images()
     rng = np.random.default_rng(3)
-    mixed = np.concatenate([images, np.roll(images, 2, axis=0), rng.integers(0, 255, images.shape, dtype=np.uint8)], axis=1)  # [P, 3, ...]
+    mixed = np.concatenate(
+        [images, np.roll(images, 2, axis=0), rng.integers(0, 255, images.shape, dtype=np.uint8)], axis=1
+    )  # [P, 3, ...]
     _, summary = rubric_scores(DemoPixelJudge(), prompts, mixed)
     assert summary == accuracy(mixed, expected_from_specs(demo_prompts()))
 
 
 def demo_requirements_of(color: str, position: str, background: str) -> tuple[Requirement, ...]:
-    return (Requirement("color", color, ""), Requirement("position", position, ""), Requirement("background", background, ""))
+    return (
+        Requirement("color", color, ""),
+        Requirement("position", position, ""),
+        Requirement("background", background, ""),
+    )
 
 
 def disc_image(bg: str, fg: str, cx: int, cy: int, r: int = 6, size: int = 32, ground=None) -> np.ndarray:
@@ -335,7 +377,9 @@ def test_the_graded_judge_agrees_with_the_pixel_judge_on_every_verdict_and_ranks
 
     prompts, images = demo_images()
     rng = np.random.default_rng(11)  # not the seed of the exact-match test above
-    mixed = np.concatenate([images, np.roll(images, 5, axis=0), rng.integers(0, 255, images.shape, dtype=np.uint8)], axis=1)
+    mixed = np.concatenate(
+        [images, np.roll(images, 5, axis=0), rng.integers(0, 255, images.shape, dtype=np.uint8)], axis=1
+    )
     hard, graded = DemoPixelJudge(), DemoGradedPixelJudge()
     for rp, ims in zip(prompts, mixed, strict=True):
         assert np.array_equal(graded.answer(rp, ims) > 0.5, hard.answer(rp, ims) > 0.5)

@@ -38,7 +38,9 @@ def test_top_k_keeps_exactly_k_features():
     assert ((z != 0).sum(-1) <= 3).all() and (z >= 0).all()
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])  # dictionaries other than seed 0's, the one the settings were first tried on
+@pytest.mark.parametrize(
+    "seed", [1, 2, 3]
+)  # dictionaries other than seed 0's, the one the settings were first tried on
 def test_sae_learns_a_planted_sparse_dictionary(seed):
     x = planted(seed=seed)
     sae, losses = train_sae(x, SAEConfig(features=24, k=2, steps=400, lr=1e-2))
@@ -69,7 +71,10 @@ def test_features_are_described_by_their_top_images_and_tags_filter(demo_embedde
     bad = rejected_features(features, cfg.data.sae)
     assert bad and all("sign" in t.split() for t in bad.values())
     assert out.rejected.num_rows > 0 and set(out.rejected.column("reason").to_pylist()) == {Reason.SAE_TAG}
-    assert all(d.split(":", 1)[0].isdigit() and int(d.split(":", 1)[0]) in bad for d in out.rejected.column("detail").to_pylist())
+    assert all(
+        d.split(":", 1)[0].isdigit() and int(d.split(":", 1)[0]) in bad
+        for d in out.rejected.column("detail").to_pylist()
+    )
     again, _ = sae_rows(table, cfg)
     assert again.rejected.equals(out.rejected)
 

@@ -113,7 +113,9 @@ def test_a_file_added_to_a_kiln_output_is_named_and_kept(manifest, tmp_path, cap
 def test_a_kiln_output_is_replaced_by_a_rerun_as_dagster_and_dvc_do(manifest, tmp_path):
     out = tmp_path / "filtered"
     first = run_stage("filter", manifest, out, load_config(INPROCESS))
-    (out / "kept" / "part-00000.parquet").write_bytes(b"stale")  # kiln's own file, whatever its bytes: a rerun replaces it
+    (out / "kept" / "part-00000.parquet").write_bytes(
+        b"stale"
+    )  # kiln's own file, whatever its bytes: a rerun replaces it
     again = run_stage("filter", manifest, out, load_config(INPROCESS))
     assert again == first and read_dataset(out / "kept").num_rows == first.kept
     assert leftovers(tmp_path) == []
@@ -132,7 +134,9 @@ def test_a_failed_write_leaves_the_old_output_and_no_temporary_folder(manifest, 
     out = tmp_path / "filtered"
     run_stage("filter", manifest, out, load_config(INPROCESS))
     before = files_under(out)
-    not_the_schema = StageOutput(pa.table({"id": ["a"]}), REJECTED.empty_table())  # kept rows without the filter's columns
+    not_the_schema = StageOutput(
+        pa.table({"id": ["a"]}), REJECTED.empty_table()
+    )  # kept rows without the filter's columns
     with pytest.raises((ValueError, pa.ArrowInvalid)):  # raised while writing kept/, inside the staged folder
         write_stage_output(get_stage("filter"), 2, [not_the_schema], out, load_config(INPROCESS))
     assert files_under(out) == before
@@ -243,7 +247,9 @@ def test_dagster_rematerializes_into_its_own_outputs(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     job = job_for(["raw_images", "manifest", "filtered"], everything=False)
-    run_config = {"resources": {"kiln": {"config": {"overrides": ["data.demo.n=40"], "data_dir": str(tmp_path / "data")}}}}
+    run_config = {
+        "resources": {"kiln": {"config": {"overrides": ["data.demo.n=40"], "data_dir": str(tmp_path / "data")}}}
+    }
     versions = []
     for _ in range(2):  # the second run replaces the first run's outputs: kiln wrote them, the marker says so
         result = job.execute_in_process(run_config=run_config, instance=dg.DagsterInstance.ephemeral())

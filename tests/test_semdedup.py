@@ -27,16 +27,26 @@ def test_pairs_are_found_only_inside_a_leaf():
 
 def test_planted_semantic_duplicates_are_removed_with_keeper_and_cosine(demo_embedded, tmp_path):
     table, cfg = clustered(tmp_path, *demo_embedded)
-    x = np.frombuffer(b"".join(table.column("embedding").to_pylist()), "<f2").reshape(table.num_rows, -1).astype(np.float32)
+    x = (
+        np.frombuffer(b"".join(table.column("embedding").to_pylist()), "<f2")
+        .reshape(table.num_rows, -1)
+        .astype(np.float32)
+    )
     # make row 1 a semantic copy of row 0 (same leaf, near-identical embedding) and shrink its pixels
     leaf = table.column("leaf").to_pylist()
     x[1] = x[0] + 1e-3
     leaf[1] = leaf[0]
     width = table.column("width").to_pylist()
     width[1] = 1
-    t = table.set_column(table.schema.get_field_index("embedding"), pa.field("embedding", pa.binary(), nullable=False), to_column(x))
-    t = t.set_column(t.schema.get_field_index("leaf"), pa.field("leaf", pa.int32(), nullable=False), pa.array(leaf, pa.int32()))
-    t = t.set_column(t.schema.get_field_index("width"), pa.field("width", pa.int32(), nullable=False), pa.array(width, pa.int32()))
+    t = table.set_column(
+        table.schema.get_field_index("embedding"), pa.field("embedding", pa.binary(), nullable=False), to_column(x)
+    )
+    t = t.set_column(
+        t.schema.get_field_index("leaf"), pa.field("leaf", pa.int32(), nullable=False), pa.array(leaf, pa.int32())
+    )
+    t = t.set_column(
+        t.schema.get_field_index("width"), pa.field("width", pa.int32(), nullable=False), pa.array(width, pa.int32())
+    )
     out = semdedup_rows(t, 0.9999)
     check_accounting("semdedup", t, out)
     rej = out.rejected.to_pylist()
@@ -52,7 +62,9 @@ def test_demo_semdedup_is_deterministic_and_feeds_caption(demo_embedded, tmp_pat
     run_stage("cluster", root / "embedded", tmp_path / "c", cfg)
     a = run_stage("semdedup", tmp_path / "c", tmp_path / "s1", cfg)
     run_stage("semdedup", tmp_path / "c", tmp_path / "s2", cfg)
-    assert (tmp_path / "s1/kept/part-00000.parquet").read_bytes() == (tmp_path / "s2/kept/part-00000.parquet").read_bytes()
+    assert (tmp_path / "s1/kept/part-00000.parquet").read_bytes() == (
+        tmp_path / "s2/kept/part-00000.parquet"
+    ).read_bytes()
     assert a.rejected < a.input_rows * 0.2  # the demo has no true semantic duplicates left after hash dedup
     cap = run_stage("caption", tmp_path / "s1", tmp_path / "cap", cfg)
     assert cap.input_rows == a.kept

@@ -26,6 +26,8 @@ from slurm.selftest import CHECKPOINT, reference_sgd
 from slurm.state import query_states
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
+
+
 @pytest.fixture
 def cfg(slurm_cluster, tmp_path):
     return load_config(["cluster=test", f"cluster.log_dir={tmp_path / 'slurm'}", "cluster.poll_s=0.3"])
@@ -63,7 +65,9 @@ def test_the_trainer_as_a_two_task_job_reaches_the_in_process_loss(cfg, tmp_path
     data = write_pack_output(tmp_path / "pack", scene_rows(24, seed=3, buckets=((32, 32),), batch_size=8))
     run = tiny_config(text_encoder_dir, steps=4, warmup_steps=1, holdout=0)
     gpu = cfg.cluster.model_copy(update={"partition": "gpu", "gpus_per_node": 2})
-    report = submit_and_wait(train_task(data, tmp_path / "job", run), gpu, run.model_copy(update={"cluster": gpu}), log=quiet)
+    report = submit_and_wait(
+        train_task(data, tmp_path / "job", run), gpu, run.model_copy(update={"cluster": gpu}), log=quiet
+    )
     reference = train(data, tmp_path / "inproc", run)
 
     assert report.state == "COMPLETED" and len(report.results) == 2
@@ -95,14 +99,23 @@ def _wait_until(predicate, timeout_s: float, what: str, job=None) -> None:
             if state.terminal:
                 raise AssertionError(f"job {job.job_id} ended {state.state} before {what}\n{log_tail(job)}")
         if now > deadline:
-            why = "" if job is None else f": job {job.job_id} is {current_state(job).state} ({current_state(job).reason})\n{log_tail(job)}"
+            why = (
+                ""
+                if job is None
+                else f": job {job.job_id} is {current_state(job).state} ({current_state(job).reason})\n{log_tail(job)}"
+            )
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}{why}")
         time.sleep(0.2)
 
 
 def test_a_preempted_job_is_requeued_and_resumes_from_its_checkpoint(cfg, tmp_path):
     out = tmp_path / "run"
-    job = submit(TaskSpec("slurm.selftest:allreduce_sgd", (str(out),), {"steps": 12, "step_sleep_s": 0.25}), cfg.cluster, cfg, log=quiet)
+    job = submit(
+        TaskSpec("slurm.selftest:allreduce_sgd", (str(out),), {"steps": 12, "step_sleep_s": 0.25}),
+        cfg.cluster,
+        cfg,
+        log=quiet,
+    )
     _wait_until(lambda: _checkpoint_step(out / CHECKPOINT) >= 3, 300, "three checkpointed steps", job)
     job._interrupt()  # what Slurm sends before preemption: SIGTERM, then USR2
     # Slurm holds a requeued job back for two minutes (BeginTime); let it start again now
@@ -127,11 +140,15 @@ def test_a_preempted_training_job_resumes_from_dcp_to_the_uninterrupted_run(cfg,
     from training.testing import scene_rows, tiny_config, write_pack_output
 
     data = write_pack_output(tmp_path / "pack", scene_rows(24, seed=4, buckets=((32, 32),), batch_size=8))
-    run = tiny_config(text_encoder_dir, steps=60, warmup_steps=2, holdout=0, dcp={"every": 4, "keep": 2, "async_save": False})
+    run = tiny_config(
+        text_encoder_dir, steps=60, warmup_steps=2, holdout=0, dcp={"every": 4, "keep": 2, "async_save": False}
+    )
     one_gpu = cfg.cluster.model_copy(update={"partition": "gpu", "gpus_per_node": 1})
     out = tmp_path / "job"
     job = submit(train_task(data, out, run), one_gpu, run.model_copy(update={"cluster": one_gpu}), log=quiet)
-    _wait_until(lambda: any(int(d.name.split("-")[1]) >= 8 for d in complete_checkpoints(out)), 300, "two checkpoints", job)
+    _wait_until(
+        lambda: any(int(d.name.split("-")[1]) >= 8 for d in complete_checkpoints(out)), 300, "two checkpoints", job
+    )
     job._interrupt()  # SIGTERM then USR2, as before a preemption: submitit requeues the job
     _wait_until(lambda: query_states([job.job_id]).get(job.job_id).state == "PENDING", 60, "the requeue")
     subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=True, timeout=30)
@@ -147,7 +164,11 @@ def test_a_preempted_training_job_resumes_from_dcp_to_the_uninterrupted_run(cfg,
 
 
 def _digests(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_ingest_as_a_job_array_matches_in_process_and_keeps_relative_uris(cfg, tmp_path, monkeypatch):
@@ -159,7 +180,9 @@ def test_ingest_as_a_job_array_matches_in_process_and_keeps_relative_uris(cfg, t
     for i in range(4):
         Image.new("RGB", (16 + 8 * i, 24), (40 * i, 80, 120)).save(raw / f"img{i}.png")
     (raw / "broken.png").write_bytes(b"not an image")
-    sharded = cfg.model_copy(update={"data": cfg.data.model_copy(update={"ingest": cfg.data.ingest.model_copy(update={"shard_size": 2})})})
+    sharded = cfg.model_copy(
+        update={"data": cfg.data.model_copy(update={"ingest": cfg.data.ingest.model_copy(update={"shard_size": 2})})}
+    )
 
     lines: list[str] = []
     summary = run_stage_array("ingest", raw, "array", sharded, log=lines.append)
@@ -190,7 +213,9 @@ def test_a_failing_job_raises_with_its_traceback_and_log_paths(cfg):
 
 
 def test_a_job_cancelled_by_slurm_is_reported_without_an_accounting_database(cfg):
-    long_job = TaskSpec("slurm.selftest:allreduce_sgd", ("/nonexistent",), {"steps": 1000, "step_sleep_s": 1.0}, distributed=False)
+    long_job = TaskSpec(
+        "slurm.selftest:allreduce_sgd", ("/nonexistent",), {"steps": 1000, "step_sleep_s": 1.0}, distributed=False
+    )
     job = submit(long_job, cfg.cluster, cfg, log=quiet)
     _wait_until(lambda: query_states([job.job_id])[job.job_id].state == "RUNNING", 60, "the job to start")
     subprocess.run(["scancel", job.job_id], check=True, timeout=30)

@@ -56,16 +56,26 @@ def test_h200_profile_asks_for_whole_nodes_one_task_per_gpu_and_usr2_before_the_
 def test_data_arrays_use_their_own_resources_and_a_parallelism_cap():
     cluster = load_config(["cluster=h200"]).cluster
     p = executor_parameters(cluster, "array", "filter")
-    assert (p["slurm_partition"], p["tasks_per_node"], p["cpus_per_task"], p["slurm_array_parallelism"]) == ("cpu", 1, 8, 512)
+    assert (p["slurm_partition"], p["tasks_per_node"], p["cpus_per_task"], p["slurm_array_parallelism"]) == (
+        "cpu",
+        1,
+        8,
+        512,
+    )
     assert "gpus_per_node" not in p and "slurm_exclusive" not in p
     assert "#SBATCH --array=0-0%1" in sbatch_script(cluster, "array", "filter")
 
 
 def test_account_qos_constraint_reach_sbatch_only_when_set():
-    cluster = load_config(["cluster=h200", "cluster.account=vision", "cluster.qos=high", "cluster.constraint=h200"]).cluster
+    cluster = load_config(
+        ["cluster=h200", "cluster.account=vision", "cluster.qos=high", "cluster.constraint=h200"]
+    ).cluster
     script = sbatch_script(cluster).splitlines()
     assert {"#SBATCH --account=vision", "#SBATCH --qos=high", "#SBATCH --constraint=h200"} <= set(script)
-    assert not any(line.startswith("#SBATCH --account") for line in sbatch_script(load_config(["cluster=test"]).cluster).splitlines())
+    assert not any(
+        line.startswith("#SBATCH --account")
+        for line in sbatch_script(load_config(["cluster=test"]).cluster).splitlines()
+    )
 
 
 def test_env_values_are_shell_quoted():
@@ -139,8 +149,15 @@ def test_local_profile_runs_jobs_as_local_subprocesses(tmp_path):
 @pytest.mark.distributed
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
 def test_on_a_gpu_the_selftest_runs_over_nccl_on_the_device(tmp_path):
-    cfg = load_config(["cluster=local", f"++cluster.log_dir={tmp_path}", "++cluster.gpus_per_node=1", "++cluster.poll_s=0.2"])
-    report = submit_and_wait(TaskSpec("slurm.selftest:allreduce_sgd", (str(tmp_path / "run"),), {"steps": 5}), cfg.cluster, cfg, log=lambda m: None)
+    cfg = load_config(
+        ["cluster=local", f"++cluster.log_dir={tmp_path}", "++cluster.gpus_per_node=1", "++cluster.poll_s=0.2"]
+    )
+    report = submit_and_wait(
+        TaskSpec("slurm.selftest:allreduce_sgd", (str(tmp_path / "run"),), {"steps": 5}),
+        cfg.cluster,
+        cfg,
+        log=lambda m: None,
+    )
     (r,) = report.results
     assert (r["backend"], r["device"]) == ("nccl", "cuda:0")
     assert r["losses"] == pytest.approx(reference_sgd(1, steps=5)["losses"], rel=1e-4)

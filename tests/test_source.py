@@ -33,16 +33,25 @@ def test_a_webdataset_shard_lists_one_row_per_image_with_its_caption_and_metadat
         webdataset_tar(
             {
                 "s/000": {"jpg": a, "txt": b"an astronaut in a white suit"},
-                "s/001": {"jpg": b, "json": json.dumps({"caption": "a cup of coffee", "license": "CC-BY", "aesthetic": 6.1}).encode()},
+                "s/001": {
+                    "jpg": b,
+                    "json": json.dumps({"caption": "a cup of coffee", "license": "CC-BY", "aesthetic": 6.1}).encode(),
+                },
                 "s/002": {"png": c},
                 "s/003": {"txt": b"a caption whose image went missing"},
             }
         )
     )
     rows = list_source(str(shard)).to_pylist()
-    assert [split_uri(r["uri"]) for r in rows] == [(str(shard), m) for m in ("s/000.jpg", "s/001.jpg", "s/002.png", "s/003.txt")]
+    assert [split_uri(r["uri"]) for r in rows] == [
+        (str(shard), m) for m in ("s/000.jpg", "s/001.jpg", "s/002.png", "s/003.txt")
+    ]
     assert rows[0]["source_caption"] == "an astronaut in a white suit"
-    assert (rows[1]["source_caption"], rows[1]["license"], json.loads(rows[1]["source_meta"])) == ("a cup of coffee", "CC-BY", {"aesthetic": 6.1})
+    assert (rows[1]["source_caption"], rows[1]["license"], json.loads(rows[1]["source_meta"])) == (
+        "a cup of coffee",
+        "CC-BY",
+        {"aesthetic": 6.1},
+    )
     assert rows[2]["source_caption"] is None and rows[2]["size"] == len(c)
     # a sample without an image is still a row: ingest rejects it with a reason instead of dropping it
     out = ingest(list_source(str(shard)), load_config())
@@ -56,7 +65,15 @@ def test_a_parquet_list_carries_its_extra_columns_into_the_manifest(tmp_path, ph
         (tmp_path / f"{name}.jpg").write_bytes(data)
         paths.append((tmp_path / f"{name}.jpg").as_posix())
     pq.write_table(
-        pa.table({"url": paths, "text": [f"a photo of {n}" for n in photos], "license": ["CC0"] * 4, "source": ["skimage"] * 4, "width_hint": [1, 2, 3, 4]}),
+        pa.table(
+            {
+                "url": paths,
+                "text": [f"a photo of {n}" for n in photos],
+                "license": ["CC0"] * 4,
+                "source": ["skimage"] * 4,
+                "width_hint": [1, 2, 3, 4],
+            }
+        ),
         tmp_path / "list.parquet",
     )
     manifest = ingest(list_source(str(tmp_path / "list.parquet")), load_config()).kept.to_pylist()
@@ -100,7 +117,10 @@ def test_an_object_that_changes_after_listing_is_rejected_unreadable_with_what_c
     rejected = {r["uri"].rsplit("/", 1)[1]: r for r in out.rejected.to_pylist()}
     assert out.kept.num_rows == 1 and set(rejected) == {"coffee.jpg", "chelsea.jpg"}
     assert {r["reason"] for r in rejected.values()} == {"unreadable"}
-    assert "changed since listing" in rejected["coffee.jpg"]["detail"] and "No such file" in rejected["chelsea.jpg"]["detail"]
+    assert (
+        "changed since listing" in rejected["coffee.jpg"]["detail"]
+        and "No such file" in rejected["chelsea.jpg"]["detail"]
+    )
 
 
 def test_a_missing_local_source_and_a_parquet_without_uris_are_clear_errors(tmp_path):
@@ -151,13 +171,24 @@ def https_root(tmp_path):
 def test_http_objects_lists_and_shards_are_read_where_they_are(https_root, photos):
     root, url = https_root
     (root / "a.jpg").write_bytes(photos["astronaut"])
-    (root / "shard.tar").write_bytes(webdataset_tar({"k0": {"jpg": photos["coffee"], "txt": b"coffee"}, "k1": {"jpg": photos["chelsea"]}}))
-    pq.write_table(pa.table({"uri": [f"{url}/a.jpg", f"{url}/shard.tar"], "caption": ["an astronaut", None]}), root / "list.parquet")
+    (root / "shard.tar").write_bytes(
+        webdataset_tar({"k0": {"jpg": photos["coffee"], "txt": b"coffee"}, "k1": {"jpg": photos["chelsea"]}})
+    )
+    pq.write_table(
+        pa.table({"uri": [f"{url}/a.jpg", f"{url}/shard.tar"], "caption": ["an astronaut", None]}),
+        root / "list.parquet",
+    )
     listing = list_source(f"{url}/list.parquet")
-    assert listing.column("uri").to_pylist() == [f"{url}/a.jpg", f"tar://{url}/shard.tar#k0.jpg", f"tar://{url}/shard.tar#k1.jpg"]
+    assert listing.column("uri").to_pylist() == [
+        f"{url}/a.jpg",
+        f"tar://{url}/shard.tar#k0.jpg",
+        f"tar://{url}/shard.tar#k1.jpg",
+    ]
     out = ingest(listing, load_config())
     assert out.rejected.num_rows == 0
-    assert out.kept.column("md5").to_pylist()[1] == hashlib.md5(photos["coffee"]).hexdigest()  # a ranged read of the member
+    assert (
+        out.kept.column("md5").to_pylist()[1] == hashlib.md5(photos["coffee"]).hexdigest()
+    )  # a ranged read of the member
     assert out.kept.column("source_caption").to_pylist() == ["an astronaut", "coffee", None]
 
 
@@ -172,6 +203,10 @@ def test_the_demo_source_is_a_folder_written_once_and_listed(tmp_path, monkeypat
     report = write_listing(cfg, tmp_path / "source", tmp_path / "raw")
     assert report["objects"] == 40 and (tmp_path / "raw" / "truth.parquet").is_file()
     first = (tmp_path / "source" / "listing.parquet").read_bytes()
-    write_listing(cfg, tmp_path / "source", tmp_path / "raw")  # the corpus is not rewritten; the listing is the same bytes
+    write_listing(
+        cfg, tmp_path / "source", tmp_path / "raw"
+    )  # the corpus is not rewritten; the listing is the same bytes
     assert (tmp_path / "source" / "listing.parquet").read_bytes() == first
-    assert list_inputs(tmp_path / "source" / "listing.parquet").equals(pq.read_table(tmp_path / "source" / "listing.parquet"))
+    assert list_inputs(tmp_path / "source" / "listing.parquet").equals(
+        pq.read_table(tmp_path / "source" / "listing.parquet")
+    )

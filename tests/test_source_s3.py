@@ -55,7 +55,11 @@ def lab_bucket(s3, bucket: str) -> dict[str, str]:
         }),
         "shards/shard-001.tar": webdataset_tar({"002": {"jpg": jpg["hubble_deep_field"], "txt": b"galaxies in the deep field"}}),
     })  # fmt: skip
-    put(s3, bucket, {"listed/cells.jpg": jpg["immunohistochemistry"], "listed/coins.png": encoded(photos["coins"], "PNG")})
+    put(
+        s3,
+        bucket,
+        {"listed/cells.jpg": jpg["immunohistochemistry"], "listed/coins.png": encoded(photos["coins"], "PNG")},
+    )
     listed = pa.BufferOutputStream()
     pq.write_table(
         pa.table({
@@ -111,7 +115,9 @@ def test_a_prefix_shards_and_a_parquet_list_in_a_bucket_are_listed_and_read_in_p
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_kiln_run_on_a_bucket_reaches_an_evaluated_checkpoint_with_every_object_accounted_for(s3, tmp_path, monkeypatch, text_encoder_dir):
+def test_kiln_run_on_a_bucket_reaches_an_evaluated_checkpoint_with_every_object_accounted_for(
+    s3, tmp_path, monkeypatch, text_encoder_dir
+):
     from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
     from dagster._core.loader import LoadingContextForTest
 
@@ -141,7 +147,11 @@ def test_kiln_run_on_a_bucket_reaches_an_evaluated_checkpoint_with_every_object_
     instance = dg.DagsterInstance.get()
     resource = KilnResource(overrides=overrides, data_dir="data")
     assert observe_source(instance, resource) is None  # nothing changed yet
-    put(s3, "lab-run", {"photos/cat.png": encoded(real_photos()["chelsea"].resize((200, 150)).rotate(90, expand=True), "PNG")})
+    put(
+        s3,
+        "lab-run",
+        {"photos/cat.png": encoded(real_photos()["chelsea"].resize((200, 150)).rotate(90, expand=True), "PNG")},
+    )
     observation = observe_source(instance, resource)
     assert observation is not None
     instance.report_runless_asset_event(observation)
@@ -166,7 +176,11 @@ def test_an_empty_prefix_lists_no_objects(s3):
 
 def test_an_object_replaced_after_listing_is_rejected_unreadable(s3):
     s3.create_bucket(Bucket="lab-changes")
-    put(s3, "lab-changes", {"a.png": encoded(real_photos()["coins"], "PNG"), "b.png": encoded(real_photos()["camera"], "PNG")})
+    put(
+        s3,
+        "lab-changes",
+        {"a.png": encoded(real_photos()["coins"], "PNG"), "b.png": encoded(real_photos()["camera"], "PNG")},
+    )
     listing = list_source("s3://lab-changes/")
     put(s3, "lab-changes", {"a.png": encoded(real_photos()["camera"], "PNG")})  # same key, other bytes
     s3.delete_object(Bucket="lab-changes", Key="b.png")
@@ -190,7 +204,9 @@ def test_an_unreachable_endpoint_names_the_uri(other_endpoint):
 
 
 def test_denied_access_names_the_uri(other_endpoint):
-    proc, url = start_moto({"INITIAL_NO_AUTH_ACTION_COUNT": "0"})  # this server checks credentials; ours are unknown to it
+    proc, url = start_moto(
+        {"INITIAL_NO_AUTH_ACTION_COUNT": "0"}
+    )  # this server checks credentials; ours are unknown to it
     try:
         other_endpoint(url)
         with pytest.raises(SourceError, match=r"s3://lab/images/: access denied"):
@@ -212,9 +228,25 @@ def test_kiln_run_refuses_a_bucket_it_cannot_read_before_any_asset(s3, tmp_path,
 def test_a_shard_replaced_after_listing_is_not_read_at_stale_offsets(s3):
     photos = real_photos()
     s3.create_bucket(Bucket="lab-shards")
-    put(s3, "lab-shards", {"s.tar": webdataset_tar({"a": {"jpg": encoded(photos["coins"], "JPEG")}, "b": {"jpg": encoded(photos["camera"], "JPEG")}})})
+    put(
+        s3,
+        "lab-shards",
+        {
+            "s.tar": webdataset_tar(
+                {"a": {"jpg": encoded(photos["coins"], "JPEG")}, "b": {"jpg": encoded(photos["camera"], "JPEG")}}
+            )
+        },
+    )
     listing = list_source("s3://lab-shards/s.tar")  # indexes the shard: member -> offset
-    put(s3, "lab-shards", {"s.tar": webdataset_tar({"x": {"png": encoded(photos["rocket"], "PNG")}, "b": {"jpg": encoded(photos["astronaut"], "JPEG")}})})
+    put(
+        s3,
+        "lab-shards",
+        {
+            "s.tar": webdataset_tar(
+                {"x": {"png": encoded(photos["rocket"], "PNG")}, "b": {"jpg": encoded(photos["astronaut"], "JPEG")}}
+            )
+        },
+    )
     out = ingest(listing, load_config())
     assert out.kept.num_rows == 0 and set(out.rejected.column("reason").to_pylist()) == {"unreadable"}
     assert all("changed" in d for d in out.rejected.column("detail").to_pylist())

@@ -39,7 +39,9 @@ def test_rejects_carry_reason_and_measured_value():
     rej.add("a", "a.png", "bad_aspect", 4.5, "4.5 > 3.0")
     t = rej.table()
     assert t.schema == REJECTED
-    assert t.to_pylist() == [{"id": "a", "uri": "a.png", "stage": "filter", "reason": "bad_aspect", "value": 4.5, "detail": "4.5 > 3.0"}]
+    assert t.to_pylist() == [
+        {"id": "a", "uri": "a.png", "stage": "filter", "reason": "bad_aspect", "value": 4.5, "detail": "4.5 > 3.0"}
+    ]
 
 
 def test_schema_check_names_missing_and_mistyped_columns():

@@ -13,21 +13,36 @@ from model.testing import write_tiny_text_encoder
 from training.core.trainer import train
 from training.testing import scene_rows, tiny_config, write_pack_output
 
-SMALL = ["style.steps=2", "style.batch_size=2", "style.save_every=2", "style.eval_cases=2", "style.eval_steps=2", "style.eval_strengths=[0.0,0.5,1.0]"]
+SMALL = [
+    "style.steps=2",
+    "style.batch_size=2",
+    "style.save_every=2",
+    "style.eval_cases=2",
+    "style.eval_steps=2",
+    "style.eval_strengths=[0.0,0.5,1.0]",
+]
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("style_assets")
     te = write_tiny_text_encoder(root / "text_encoder")
-    train(write_pack_output(root / "data" / "train_set_pretrain", scene_rows(16, seed=5)), root / "data" / "checkpoint", tiny_config(te, steps=4))
+    train(
+        write_pack_output(root / "data" / "train_set_pretrain", scene_rows(16, seed=5)),
+        root / "data" / "checkpoint",
+        tiny_config(te, steps=4),
+    )
     return root / "data"
 
 
 @pytest.mark.slow
 @pytest.mark.integration
 def test_checkpoint_style_materializes_with_transfer_and_leakage_per_strength(data, assets_of_nodes):
-    result = dg.materialize([assets_of_nodes["checkpoint_style"]], resources={"kiln": KilnResource(overrides=SMALL, data_dir=str(data))}, instance=dg.DagsterInstance.ephemeral())
+    result = dg.materialize(
+        [assets_of_nodes["checkpoint_style"]],
+        resources={"kiln": KilnResource(overrides=SMALL, data_dir=str(data))},
+        instance=dg.DagsterInstance.ephemeral(),
+    )
     assert result.success
     md = result.asset_materializations_for_node("checkpoint_style")[0].metadata
     for s in ("0", "0.5", "1"):
@@ -52,5 +67,18 @@ def test_style_train_refuses_a_folder_that_is_no_checkpoint_and_writes_nothing(t
 
 @pytest.mark.slow
 def test_style_train_from_the_command_line_trains_and_evaluates(data, tmp_path, capsys):
-    assert main(["style-train", "--checkpoint", str(data / "checkpoint"), "--out", str(tmp_path / "out"), "--evaluate", *SMALL]) == 0
+    assert (
+        main(
+            [
+                "style-train",
+                "--checkpoint",
+                str(data / "checkpoint"),
+                "--out",
+                str(tmp_path / "out"),
+                "--evaluate",
+                *SMALL,
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "out" / "model.safetensors").exists() and (tmp_path / "out" / "style_eval.json").exists()

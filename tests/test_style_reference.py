@@ -101,7 +101,9 @@ def test_without_references_an_enabled_pathway_computes_what_the_plain_model_doe
     plain = randomised(Generator.build(micro_model_config(text_encoder)))
     enabled = plain.with_references(ReferenceConfig(grid=2)).eval()
     assert torch.equal(run(enabled), run(plain))
-    assert set(enabled.state_dict()) - set(plain.state_dict()) == {k for k in enabled.state_dict() if k.startswith("reference.")}
+    assert set(enabled.state_dict()) - set(plain.state_dict()) == {
+        k for k in enabled.state_dict() if k.startswith("reference.")
+    }
 
 
 def test_a_checkpoint_written_before_the_pathway_loads_and_samples_unchanged(text_encoder, tmp_path):

@@ -24,7 +24,15 @@ from training.style.evaluate import evaluate_style
 from training.style.train import style_train
 from training.testing import trained_micro_model
 
-STYLE = {"steps": 4, "batch_size": 4, "save_every": 2, "lr": 1e-3, "eval_cases": 4, "eval_steps": 2, "eval_strengths": [0.0, 0.5, 1.0]}
+STYLE = {
+    "steps": 4,
+    "batch_size": 4,
+    "save_every": 2,
+    "lr": 1e-3,
+    "eval_cases": 4,
+    "eval_steps": 2,
+    "eval_strengths": [0.0, 0.5, 1.0],
+}
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +75,22 @@ def test_transfer_and_leakage_read_background_and_shape_of_crafted_images():
     """The ideal output (the prompt's shape on the reference's background) transfers without leaking; a
     copy of the reference transfers and leaks; the prompt's shape on another background does neither."""
     cases = style_cases(6, seed=0, height=32, width=32)
-    ideal = [render(Scene("single_shape", Background(c.reference_background), (Shape(c.color, c.shape, "large", c.position),)), 32, 32) for c in cases]
+    ideal = [
+        render(
+            Scene("single_shape", Background(c.reference_background), (Shape(c.color, c.shape, "large", c.position),)),
+            32,
+            32,
+        )
+        for c in cases
+    ]
     assert style_scores(np.stack(ideal), cases) == {"transfer": 1.0, "leakage": 0.0, "content": 1.0, "color": 1.0}
     copies = style_scores(np.stack([c.reference for c in cases]), cases)
     assert copies["transfer"] == 1.0 and copies["leakage"] == 1.0 and copies["content"] == 0.0
     elsewhere = ["white" if c.reference_background != "white" and c.color != "white" else "black" for c in cases]
-    other = [render(Scene("single_shape", Background(bg), (Shape(c.color, c.shape, "large", c.position),)), 32, 32) for c, bg in zip(cases, elsewhere, strict=True)]
+    other = [
+        render(Scene("single_shape", Background(bg), (Shape(c.color, c.shape, "large", c.position),)), 32, 32)
+        for c, bg in zip(cases, elsewhere, strict=True)
+    ]
     assert style_scores(np.stack(other), cases)["transfer"] == 0.0
 
 

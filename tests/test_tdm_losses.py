@@ -50,7 +50,9 @@ def test_the_step_point_is_the_euler_step_of_the_velocity():
 
 def test_guidance_is_the_samplers_form():
     cond, uncond = t2([[1.0, 0.0], [2.0, 2.0]]), t2([[0.0, 1.0], [1.0, 3.0]])
-    assert guided_velocity(cond, uncond, 3.0).flatten().tolist() == pytest.approx([3.0, -2.0, 4.0, 0.0])  # u + 3 (c - u)
+    assert guided_velocity(cond, uncond, 3.0).flatten().tolist() == pytest.approx(
+        [3.0, -2.0, 4.0, 0.0]
+    )  # u + 3 (c - u)
     assert torch.equal(guided_velocity(cond, uncond, 1.0), cond)
 
 
@@ -80,7 +82,9 @@ def test_the_effective_noise_writes_the_diffused_step_point_as_a_flow_sample_of_
     # by hand, row 0: a = 0.8 / 0.9, b = sqrt(0.04 - (a 0.1)^2); n = (a 0.1 eps + b z) / 0.2
     a = 0.8 / 0.9
     b = math.sqrt(0.04 - (a * 0.1) ** 2)
-    assert n[0].flatten().tolist() == pytest.approx([(a * 0.1 * 1.25 + b * 0.5) / 0.2, (a * 0.1 * 0.5 + b * 1.0) / 0.2], rel=1e-6)
+    assert n[0].flatten().tolist() == pytest.approx(
+        [(a * 0.1 * 1.25 + b * 0.5) / 0.2, (a * 0.1 * 0.5 + b * 1.0) / 0.2], rel=1e-6
+    )
     x_t = renoise(step_point(x0, eps, s), s, t, z)
     tb = t.view(2, 1, 1, 1)
     assert torch.allclose(x_t, (1 - tb) * x0 + tb * n, atol=1e-6)
@@ -123,7 +127,9 @@ def test_the_pseudo_huber_student_loss_is_the_papers_recipe():
     v_real, v_fake = t2([[0.0, 1.0], [2.0, 0.0]]), t2([[1.0, 1.0], [0.0, 0.0]])
     c = 0.1
     h = math.sqrt(0.25 + c * c) - c  # the two elements with |x0 - target| = 0.5; the others give sqrt(c^2) - c = 0
-    assert distribution_matching_loss(x0, x_t, t, v_real, v_fake, huber_c=c).loss.item() == pytest.approx((h / 0.25 + h / 0.75) / 4, rel=1e-6)
+    assert distribution_matching_loss(x0, x_t, t, v_real, v_fake, huber_c=c).loss.item() == pytest.approx(
+        (h / 0.25 + h / 0.75) / 4, rel=1e-6
+    )
 
 
 def test_stage_points_place_each_draw_inside_its_own_stage():

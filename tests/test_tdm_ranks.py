@@ -24,7 +24,17 @@ from training.core.data import DataPosition
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 SIDE = 16
-DISTILL = {"student_steps": 2, "iterations": 3, "batch": 3, "fake_updates": 2, "save_every": 2, "lr": 1e-3, "fake_lr": 1e-3, "teacher_cfg": 2.0, "seed": 5}
+DISTILL = {
+    "student_steps": 2,
+    "iterations": 3,
+    "batch": 3,
+    "fake_updates": 2,
+    "save_every": 2,
+    "lr": 1e-3,
+    "fake_lr": 1e-3,
+    "teacher_cfg": 2.0,
+    "seed": 5,
+}
 RUNS = ("tdm_dp2", "tdm_tp2", "tdm_dp2_resumed")
 
 
@@ -43,13 +53,27 @@ def teacher(tmp_path_factory, text_encoder_dir):
     from model.generator import Generator
 
     torch.manual_seed(0)
-    gen = Generator.build(config(text_encoder_dir).model, DiTConfig(width=64, depth=2, heads=4, kv_heads=2, mlp_hidden=128, patch_size=2, in_channels=3, pad_to_multiple=16))
+    gen = Generator.build(
+        config(text_encoder_dir).model,
+        DiTConfig(
+            width=64, depth=2, heads=4, kv_heads=2, mlp_hidden=128, patch_size=2, in_channels=3, pad_to_multiple=16
+        ),
+    )
     with torch.no_grad():
         for p in gen.parameters():
             p.add_(0.05 * torch.randn_like(p))
     ckpt = tmp_path_factory.mktemp("tdm_ranks") / "teacher"
     gen.save_pretrained(ckpt)
-    state = TrainState(step=0, position=DataPosition(), final_loss=None, loss_ema=None, bucket=f"{SIDE}x{SIDE}", rows=0, holdout=0, num_params=gen.num_params())
+    state = TrainState(
+        step=0,
+        position=DataPosition(),
+        final_loss=None,
+        loss_ema=None,
+        bucket=f"{SIDE}x{SIDE}",
+        rows=0,
+        holdout=0,
+        num_params=gen.num_params(),
+    )
     (ckpt / STATE_FILE).write_text(state.to_json())
     return ckpt
 
@@ -90,22 +114,43 @@ def test_two_ranks_distil_the_student_one_process_distils(teacher, tmp_path, tex
     from training.post.distill import distill
 
     one = distill(teacher, tmp_path / "tdm_one", config(text_encoder_dir))
-    torch.multiprocessing.spawn(_rank, args=(2, [_free_port() for _ in range(4)], str(teacher), str(tmp_path), str(text_encoder_dir)), nprocs=2, join=True)
+    torch.multiprocessing.spawn(
+        _rank,
+        args=(2, [_free_port() for _ in range(4)], str(teacher), str(tmp_path), str(text_encoder_dir)),
+        nprocs=2,
+        join=True,
+    )
 
     initial, ref = weights(teacher), weights(one)
-    assert max(float((ref[k] - initial[k]).abs().max()) for k in ref) > 1e-3, "the student did not train: the comparison would be empty"
+    assert max(float((ref[k] - initial[k]).abs().max()) for k in ref) > 1e-3, (
+        "the student did not train: the comparison would be empty"
+    )
     for name in RUNS:
         got = weights(tmp_path / name)
         assert sorted(got) == sorted(ref), name
         # fp32 sums in another order give ~1e-7 in a loss, which Adam's normalised steps can turn into ~1e-5
         # on weights whose gradient is near zero; a wrong share of the batch or another rank's noise is > 1e-2
         diffs = {k: float((got[k] - ref[k]).abs().max()) for k in ref}
-        assert max(diffs.values()) < 2e-4, f"{name}: differs from one process by {max(diffs.values())} ({sorted(diffs, key=diffs.get)[-3:]})"
+        assert max(diffs.values()) < 2e-4, (
+            f"{name}: differs from one process by {max(diffs.values())} ({sorted(diffs, key=diffs.get)[-3:]})"
+        )
         steps = history(tmp_path / name)
         assert [h["iteration"] for h in steps] == [1, 2, 3]  # the resumed run logs each iteration once
         for a, b in zip(steps, history(one), strict=True):  # the logged terms are global means, not rank 0's
-            for key in ("fake_loss", "student_loss", "teacher_gap", "importance_weight", "student_grad_norm", "fake_grad_norm"):
+            for key in (
+                "fake_loss",
+                "student_loss",
+                "teacher_gap",
+                "importance_weight",
+                "student_grad_norm",
+                "fake_grad_norm",
+            ):
                 assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (name, key)
         assert verify_export(tmp_path / name)  # the export is the single-process folder, with its checksums
-        assert json.loads((tmp_path / name / "sampler.json").read_text()) == json.loads((one / "sampler.json").read_text())
-        assert json.loads((tmp_path / name / "tdm.json").read_text())["parallel"] == {"world_size": 2, "tp": 2 if name == "tdm_tp2" else 1}
+        assert json.loads((tmp_path / name / "sampler.json").read_text()) == json.loads(
+            (one / "sampler.json").read_text()
+        )
+        assert json.loads((tmp_path / name / "tdm.json").read_text())["parallel"] == {
+            "world_size": 2,
+            "tp": 2 if name == "tdm_tp2" else 1,
+        }

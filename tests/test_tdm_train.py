@@ -17,16 +17,29 @@ from training.testing import trained_micro_model
 
 pytestmark = [pytest.mark.slow]
 
-DISTILL = {"student_steps": 3, "iterations": 4, "batch": 3, "fake_updates": 2, "save_every": 2, "lr": 1e-3, "fake_lr": 1e-3, "teacher_cfg": 2.0}
+DISTILL = {
+    "student_steps": 3,
+    "iterations": 4,
+    "batch": 3,
+    "fake_updates": 2,
+    "save_every": 2,
+    "lr": 1e-3,
+    "fake_lr": 1e-3,
+    "teacher_cfg": 2.0,
+}
 
 
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory):
-    return trained_micro_model(tmp_path_factory.mktemp("tdm"), 24, seed=3, steps=30)  # 30: the output layer has left its zero init
+    return trained_micro_model(
+        tmp_path_factory.mktemp("tdm"), 24, seed=3, steps=30
+    )  # 30: the output layer has left its zero init
 
 
 def with_distill(cfg: KilnConfig, **distill_fields) -> KilnConfig:
-    return cfg.model_copy(update={"post": PostConfig.model_validate({"judge": "demo_pixel", "distill": {**DISTILL, **distill_fields}})})
+    return cfg.model_copy(
+        update={"post": PostConfig.model_validate({"judge": "demo_pixel", "distill": {**DISTILL, **distill_fields}})}
+    )
 
 
 def weights(folder) -> dict[str, torch.Tensor]:
@@ -38,7 +51,10 @@ def test_distill_trains_a_student_that_carries_its_own_sampler_settings(teacher,
     out = distill(ckpt, tmp_path / "student", with_distill(cfg))
     history = [json.loads(line) for line in (out / "tdm_history.jsonl").read_text().splitlines()]
     assert [h["iteration"] for h in history] == [1, 2, 3, 4]
-    assert all(h["fake_loss"] > 0 and h["student_grad_norm"] > 0 and h["fake_grad_norm"] > 0 and h["importance_weight"] > 0 for h in history)
+    assert all(
+        h["fake_loss"] > 0 and h["student_grad_norm"] > 0 and h["fake_grad_norm"] > 0 and h["importance_weight"] > 0
+        for h in history
+    )
     before, after = weights(ckpt), weights(out)
     assert any(not torch.equal(before[k], after[k]) for k in before)  # the student moved; the teacher file did not
     own = read_sampler_settings(out)
@@ -46,7 +62,10 @@ def test_distill_trains_a_student_that_carries_its_own_sampler_settings(teacher,
     assert json.loads((out / "sampler.json").read_text())["teacher_cfg"] == 2.0
     assert (out / "train_state.json").exists() and json.loads((out / "tdm.json").read_text())["iterations"] == 4
     # the sampler and the evaluation read the student's settings instead of train.sample / train.eval
-    assert with_sampler_settings(cfg, own).train.eval.steps == 3 and with_sampler_settings(cfg, own).train.sample.cfg_scale == 1.0
+    assert (
+        with_sampler_settings(cfg, own).train.eval.steps == 3
+        and with_sampler_settings(cfg, own).train.sample.cfg_scale == 1.0
+    )
     assert (sample_to_dir(out, tmp_path / "samples", cfg)).exists()
     # the sampler settings are under the export's checksums: an edited sampler.json is caught before use
     from training.core.checkpoint import verify_export
@@ -77,7 +96,16 @@ def test_a_killed_distillation_resumes_to_the_weights_of_an_uninterrupted_one(te
 def test_kiln_distill_runs_from_the_command_line_and_refuses_to_replace_an_earlier_run(teacher, tmp_path, capsys):
     ckpt, _ = teacher
     out = tmp_path / "cli"
-    args = ["distill", "--checkpoint", str(ckpt), "--out", str(out), "post.distill.iterations=1", "post.distill.batch=2", "post.distill.student_steps=2"]
+    args = [
+        "distill",
+        "--checkpoint",
+        str(ckpt),
+        "--out",
+        str(out),
+        "post.distill.iterations=1",
+        "post.distill.batch=2",
+        "post.distill.student_steps=2",
+    ]
     assert kiln_main(args) == 0
     assert read_sampler_settings(out).steps == 2 and read_sampler_settings(out).cfg_scale == 1.0
     before = weights(out)

@@ -49,7 +49,9 @@ def test_epoch_zero_keeps_pack_order_and_later_epochs_reshuffle_deterministicall
         f"import json, pathlib; from training.core.data import TrainSet\n"
         f"s = TrainSet.from_dir(pathlib.Path({str(pack)!r}), max_batch_size=4, holdout=5); print(json.dumps(s.epoch_order(1, seed=7)))"
     )
-    assert in_fresh_process(code) == train_set.epoch_order(1, seed=7)  # what a resumed run, or another rank, shuffles to
+    assert in_fresh_process(code) == train_set.epoch_order(
+        1, seed=7
+    )  # what a resumed run, or another rank, shuffles to
     assert train_set.epoch_order(1, seed=7) != train_set.epoch_order(2, seed=7)
     assert train_set.epoch_order(1, seed=7) != train_set.epoch_order(1, seed=8)
     assert sorted(train_set.epoch_order(3, seed=7)) == list(range(len(train_set)))
@@ -73,9 +75,17 @@ def test_hold_out_depends_only_on_which_rows_exist():
 
 def test_a_packed_batch_that_mixes_buckets_is_refused(table):
     rows = table.to_pylist()
-    rows[1] = rows[1] | {"batch": rows[0]["batch"], "bucket": "8x8", "height": 8, "width": 8, "pixels": bytes(8 * 8 * 3)}
+    rows[1] = rows[1] | {
+        "batch": rows[0]["batch"],
+        "bucket": "8x8",
+        "height": 8,
+        "width": 8,
+        "pixels": bytes(8 * 8 * 3),
+    }
     with pytest.raises(ValueError, match="mixes buckets"):
-        TrainSet.from_table(pa.Table.from_pylist(rows, schema=TRAIN).sort_by([("batch", "ascending"), ("order", "ascending")]), 4)
+        TrainSet.from_table(
+            pa.Table.from_pylist(rows, schema=TRAIN).sort_by([("batch", "ascending"), ("order", "ascending")]), 4
+        )
 
 
 def test_read_ahead_keeps_the_stream_order_whatever_the_worker_count(train_set):

@@ -76,4 +76,6 @@ def test_the_stage_configs_name_no_start_the_ladder_wires_it():
     stages = ["pretrain_256", "pretrain_512", "pretrain_1024", "midtrain", "sft"]
     cfgs = [load_config([f"train={s}"]).train for s in stages]
     assert all(cfg.init_from is None for cfg in cfgs)  # the chain itself: tests/test_training_ladder.py
-    assert load_config([]).train.optim.name == "adamw" and load_config([]).train.parallel.tp == 1  # the demo is unchanged
+    assert (
+        load_config([]).train.optim.name == "adamw" and load_config([]).train.parallel.tp == 1
+    )  # the demo is unchanged

@@ -49,8 +49,12 @@ def ladder(tmp_path_factory, text_encoder_dir):
         resource = KilnResource(overrides=[*CPU_MICRO, f"model.text_encoder.path={text_encoder_dir}"], data_dir="data")
         selected = {"coverage", "mixes", *LADDER_KEYS}
         assets = [a for a in all_assets if a.key.to_user_string() in selected]
-        checks = [c for c in all_checks if any(k.asset_key.to_user_string().startswith("train_set_") for k in c.check_keys)]
-        result = dg.materialize([*assets, *checks], resources={"kiln": resource}, instance=dg.DagsterInstance.ephemeral())
+        checks = [
+            c for c in all_checks if any(k.asset_key.to_user_string().startswith("train_set_") for k in c.check_keys)
+        ]
+        result = dg.materialize(
+            [*assets, *checks], resources={"kiln": resource}, instance=dg.DagsterInstance.ephemeral()
+        )
     finally:
         os.chdir(old)
     return root / "data", result
@@ -67,7 +71,9 @@ def test_every_rung_gives_a_train_set_and_a_checkpoint_and_the_checks_pass(ladde
     assert result.success
     materialized = {m.materialization.asset_key.to_user_string() for m in result.get_asset_materialization_events()}
     assert set(LADDER_KEYS) <= materialized
-    assert len(result.get_asset_check_evaluations()) == 4 and all(e.passed for e in result.get_asset_check_evaluations())
+    assert len(result.get_asset_check_evaluations()) == 4 and all(
+        e.passed for e in result.get_asset_check_evaluations()
+    )
     for rung in ("pretrain", "sft"):
         state = json.loads((data / f"checkpoint_{rung}" / "train_state.json").read_text())
         assert state["step"] == 3 and state["bucket"] == "16x16"
@@ -78,7 +84,12 @@ def test_sft_starts_from_the_pretrained_checkpoint_with_its_own_config(ladder):
     pretrain = json.loads((data / "checkpoint_pretrain" / "train_state.json").read_text())["config"]["train"]
     sft = json.loads((data / "checkpoint_sft" / "train_state.json").read_text())["config"]["train"]
     assert (pretrain["init_from"], pretrain["mix"], pretrain["decay_frac"]) == (None, "pretrain", 0.0)
-    assert (sft["init_from"], sft["mix"], sft["lr"], sft["decay_frac"]) == ("data/checkpoint_pretrain", "sft", 0.001, 1.0)
+    assert (sft["init_from"], sft["mix"], sft["lr"], sft["decay_frac"]) == (
+        "data/checkpoint_pretrain",
+        "sft",
+        0.001,
+        1.0,
+    )
     assert sft["steps"] == 3  # the user's overrides come after the rung's
 
 
@@ -91,7 +102,10 @@ def test_the_sft_rung_trains_on_its_mix_and_every_other_row_is_rejected_with_the
     kept = set(read_dataset(data / "train_set_sft" / "kept").column("id").to_pylist())
     rejected = read_dataset(data / "train_set_sft" / "rejected")
     assert len(sft_mix) == 12 and kept == sft_mix
-    assert set(rejected.filter(pc.equal(rejected.column("reason"), "not_in_mix")).column("id").to_pylist()) == pool - sft_mix
+    assert (
+        set(rejected.filter(pc.equal(rejected.column("reason"), "not_in_mix")).column("id").to_pylist())
+        == pool - sft_mix
+    )
 
 
 def test_no_rung_trains_on_the_rows_evaluation_holds_out(ladder):
@@ -100,7 +114,9 @@ def test_no_rung_trains_on_the_rows_evaluation_holds_out(ladder):
     data, _ = ladder
     held = set(json.loads((data / "checkpoint_pretrain" / "heldout.json").read_text())["ids"])
     assert len(held) == 4
-    assert json.loads((data / "checkpoint_sft" / "heldout.json").read_text())["ids"] == sorted(held)  # inherited, not chosen anew
+    assert json.loads((data / "checkpoint_sft" / "heldout.json").read_text())["ids"] == sorted(
+        held
+    )  # inherited, not chosen anew
     assert not held & (trained_on(data, "pretrain") | trained_on(data, "sft"))
     rows, is_heldout = heldout_rows(data / "train_set_pretrain", 4, data / "checkpoint")
     assert is_heldout and set(rows.column("id").to_pylist()) == held
@@ -116,7 +132,9 @@ def test_checkpoint_is_the_pma_of_the_last_sft_step_checkpoints(ladder):
 
     data, _ = ladder
     pma = json.loads((data / "checkpoint" / "pma.json").read_text())
-    assert pma["steps"] == [1, 2, 3] and pma["asked_k"] == 4  # SFT asks for 4 (conf/ladder/demo.yaml); a 3-step run kept 3
+    assert (
+        pma["steps"] == [1, 2, 3] and pma["asked_k"] == 4
+    )  # SFT asks for 4 (conf/ladder/demo.yaml); a 3-step run kept 3
     gen = Generator.from_pretrained(data / "checkpoint_sft")
     steps = [dcp_step_weights(d, gen) for d in complete_checkpoints(data / "checkpoint_sft")]
     averaged = load_file(str(data / "checkpoint" / "model.safetensors"))
@@ -133,13 +151,20 @@ def test_krea_ladder_climbs_256_512_1024_then_midtrain_and_sft_each_from_the_las
     ladder = rungs(cfg)
     assert [r.name for r in ladder] == ["pretrain_256", "pretrain_512", "pretrain_1024", "midtrain", "sft"]
     packs = [train_set_overrides(r, [], "data") for r in ladder]
-    assert [next(o for o in p if o.startswith("data.pack.resolution=")) for p in packs] == [f"data.pack.resolution={n}" for n in (256, 512, 1024, 1024, 1024)]
-    assert [next((o for o in p if o.startswith("data.pack.mix_file=")), None) for p in packs] == [
-        f"data.pack.mix_file=data/mixes/{m}/part-00000.parquet" for m in ("pretrain", "pretrain", "pretrain", "midtrain", "sft")
+    assert [next(o for o in p if o.startswith("data.pack.resolution=")) for p in packs] == [
+        f"data.pack.resolution={n}" for n in (256, 512, 1024, 1024, 1024)
     ]
-    starts = [next((o for o in checkpoint_overrides(r, [], "data") if o.startswith("train.init_from=")), None) for r in ladder]
+    assert [next((o for o in p if o.startswith("data.pack.mix_file=")), None) for p in packs] == [
+        f"data.pack.mix_file=data/mixes/{m}/part-00000.parquet"
+        for m in ("pretrain", "pretrain", "pretrain", "midtrain", "sft")
+    ]
+    starts = [
+        next((o for o in checkpoint_overrides(r, [], "data") if o.startswith("train.init_from=")), None) for r in ladder
+    ]
     assert starts == [None, *(f"train.init_from=data/checkpoint_{r.name}" for r in ladder[:-1])]
-    assert load_config(checkpoint_overrides(ladder[1], ["train=demo"], "data")).train.optim.name == "muon"  # a user's train= never replaces a rung's
+    assert (
+        load_config(checkpoint_overrides(ladder[1], ["train=demo"], "data")).train.optim.name == "muon"
+    )  # a user's train= never replaces a rung's
 
 
 def test_a_ladder_with_a_repeated_rung_name_is_refused():
@@ -147,4 +172,3 @@ def test_a_ladder_with_a_repeated_rung_name_is_refused():
 
     with pytest.raises(ConfigError, match="rung names repeat"):
         load_config(["ladder.rungs=[{name: a, train: demo}, {name: a, train: demo}]"])
-

@@ -23,7 +23,13 @@ def test_hidden_block_weights_use_muon_and_first_last_and_1d_parameters_adamw(te
     names = {n for n, p in gen.named_parameters() if uses_muon(n, p)}
     assert "dit.blocks.0.attn.qkvg.weight" in names and "dit.blocks.1.mlp.down.weight" in names
     assert "text_fusion.refiner.0.mlp.gate_up.weight" in names
-    for adamw in ("dit.patch_embed.weight", "dit.final.weight", "dit.final_modulation.weight", "text_fusion.proj.weight", "dit.blocks.0.modulation.bias"):
+    for adamw in (
+        "dit.patch_embed.weight",
+        "dit.final.weight",
+        "dit.final_modulation.weight",
+        "text_fusion.proj.weight",
+        "dit.blocks.0.modulation.bias",
+    ):
         assert adamw not in names
     groups = param_groups(gen, 0.1)
     assert sum(len(g["params"]) for g in groups) == len(list(gen.parameters()))
@@ -63,8 +69,12 @@ def test_a_muon_step_is_torch_muon_with_the_adamw_matched_learning_rate():
     for shape, nesterov in (((64, 32), True), ((32, 64), True), ((48, 48), False)):
         ours_w = torch.nn.Parameter(torch.randn(*shape, generator=torch.Generator().manual_seed(7)))
         ref_w = torch.nn.Parameter(ours_w.detach().clone())
-        ours = Muon([{"params": [ours_w], "use_muon": True, "weight_decay": 0.1}], lr=0.02, momentum=0.9, nesterov=nesterov)
-        ref = torch.optim.Muon([ref_w], lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=nesterov, adjust_lr_fn="match_rms_adamw")
+        ours = Muon(
+            [{"params": [ours_w], "use_muon": True, "weight_decay": 0.1}], lr=0.02, momentum=0.9, nesterov=nesterov
+        )
+        ref = torch.optim.Muon(
+            [ref_w], lr=0.02, weight_decay=0.1, momentum=0.9, nesterov=nesterov, adjust_lr_fn="match_rms_adamw"
+        )
         for step in range(6):
             g = torch.randn(*shape, generator=torch.Generator().manual_seed(100 + step))
             before = ours_w.detach().clone()
@@ -73,5 +83,10 @@ def test_a_muon_step_is_torch_muon_with_the_adamw_matched_learning_rate():
             ref.step()
             ours_update, ref_update = ours_w.detach() - before, ref_w.detach() - before
             rel = float((ours_update - ref_update).norm() / ref_update.norm())
-            assert rel < 0.03, (shape, nesterov, step, rel)  # bfloat16 Newton-Schulz; a wrong scale or momentum is >= 0.2
+            assert rel < 0.03, (
+                shape,
+                nesterov,
+                step,
+                rel,
+            )  # bfloat16 Newton-Schulz; a wrong scale or momentum is >= 0.2
             ref_w.data.copy_(ours_w.detach())  # compare each step from the same weights: differences do not compound

@@ -33,7 +33,9 @@ def _generator(te_dir: str, seed: int):
     from model.testing import micro_model_config
 
     cfg = micro_model_config(te_dir)
-    dit = DiTConfig(width=64, depth=2, heads=4, kv_heads=2, mlp_hidden=128, patch_size=2, in_channels=3, pad_to_multiple=16)
+    dit = DiTConfig(
+        width=64, depth=2, heads=4, kv_heads=2, mlp_hidden=128, patch_size=2, in_channels=3, pad_to_multiple=16
+    )
     torch.manual_seed(seed)
     gen = Generator.build(cfg, dit)
     with torch.no_grad():
@@ -70,7 +72,14 @@ def _worker(rank: int, world: int, port: int, te_dir: str, out: str, cases: list
     dp_rank, dp = mesh["dp_shard"].get_local_rank(), mesh["dp_shard"].size()
     report = {}
     for optim, sp in cases:
-        tc = TrainConfig(lr=1e-2, caption_dropout=0.25, grad_clip=0.5, weight_decay=0.01, optim={"name": optim}, parallel=ParallelConfig(tp=2, sequence_parallel=sp))
+        tc = TrainConfig(
+            lr=1e-2,
+            caption_dropout=0.25,
+            grad_clip=0.5,
+            weight_decay=0.01,
+            optim={"name": optim},
+            parallel=ParallelConfig(tp=2, sequence_parallel=sp),
+        )
         ref, sharded = _generator(te_dir, 0), _generator(te_dir, 0)
         init = {k: v.clone() for k, v in ref.state_dict().items()}
         parallelize(sharded, mesh, tc.parallel, "cpu")
@@ -80,7 +89,14 @@ def _worker(rank: int, world: int, port: int, te_dir: str, out: str, cases: list
             x0, text, null = _inputs(step)
             cpu = Runtime(torch.device("cpu"), None)
             batch = StepBatch(x0, text, null)
-            a = train_step(Learner(sharded, opt_sh, tc, cpu, dp), batch, step_generator(0, step), tc.lr, 1.0, local_rows(4, dp_rank, dp))
+            a = train_step(
+                Learner(sharded, opt_sh, tc, cpu, dp),
+                batch,
+                step_generator(0, step),
+                tc.lr,
+                1.0,
+                local_rows(4, dp_rank, dp),
+            )
             b = train_step(Learner(ref, opt_ref, tc, cpu), batch, step_generator(0, step), tc.lr, 1.0)
             losses.append((a.loss, b.loss, a.grad_norm, b.grad_norm))
         full = full_model_state(sharded, 2)  # gathered on rank 0
@@ -90,7 +106,13 @@ def _worker(rank: int, world: int, port: int, te_dir: str, out: str, cases: list
         moved = max(float((ref_sd[k] - init[k]).abs().max()) for k in ref_sd)
         diffs = {k: float((full[k] - ref_sd[k]).abs().max()) for k in ref_sd}
         diff = max(diffs.values())
-        report[f"{optim}/sp={sp}"] = {"losses": losses, "max_weight_diff": diff, "max_moved": moved, "keys_equal": sorted(full) == sorted(ref_sd), "worst": sorted(diffs, key=diffs.get)[-3:]}
+        report[f"{optim}/sp={sp}"] = {
+            "losses": losses,
+            "max_weight_diff": diff,
+            "max_moved": moved,
+            "keys_equal": sorted(full) == sorted(ref_sd),
+            "worst": sorted(diffs, key=diffs.get)[-3:],
+        }
     if rank == 0:
         with open(out, "w") as f:
             json.dump(report, f)
@@ -100,7 +122,9 @@ def _worker(rank: int, world: int, port: int, te_dir: str, out: str, cases: list
 
 def test_fsdp2_tp_on_a_2x2_cpu_mesh_matches_one_process(text_encoder_dir, tmp_path):
     out = tmp_path / "report.json"
-    torch.multiprocessing.spawn(_worker, args=(4, _free_port(), str(text_encoder_dir), str(out), CASES), nprocs=4, join=True)
+    torch.multiprocessing.spawn(
+        _worker, args=(4, _free_port(), str(text_encoder_dir), str(out), CASES), nprocs=4, join=True
+    )
     report = json.loads(out.read_text())
     assert sorted(report) == sorted(f"{o}/sp={s}" for o, s in CASES)
     for case, r in report.items():
@@ -108,7 +132,9 @@ def test_fsdp2_tp_on_a_2x2_cpu_mesh_matches_one_process(text_encoder_dir, tmp_pa
         assert r["max_moved"] > 1e-3, f"{case}: the weights did not train, the comparison would be empty"
         # fp32 reductions in another order: ~1e-7 in the loss; AdamW's normalised step turns that into
         # ~1e-5 on weights whose gradient is near zero (lr 1e-2); a wrong shard or reduction is >1e-2
-        assert r["max_weight_diff"] < 2e-4, f"{case}: sharded weights differ from one process by {r['max_weight_diff']} ({r['worst']})"
+        assert r["max_weight_diff"] < 2e-4, (
+            f"{case}: sharded weights differ from one process by {r['max_weight_diff']} ({r['worst']})"
+        )
         for sharded_loss, ref_loss, sharded_norm, ref_norm in r["losses"]:
             assert sharded_loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-6), case
             assert sharded_norm == pytest.approx(ref_norm, rel=1e-5), case

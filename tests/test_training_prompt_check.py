@@ -35,7 +35,9 @@ def disc(bg, fg, cx, cy, r=7, size=32):
 @pytest.mark.parametrize("layout_seed", [0, 1, 2])
 def test_the_renderers_own_images_of_every_demo_prompt_score_one(layout_seed):
     images = np.stack([drawn(s, layout_seed) for s in SPECS])[:, None]
-    assert accuracy(images, expected_from_specs(SPECS)) == {a: 1.0 for a in (*ATTRIBUTES, *CONDITIONAL_ATTRIBUTES, "all")}
+    assert accuracy(images, expected_from_specs(SPECS)) == {
+        a: 1.0 for a in (*ATTRIBUTES, *CONDITIONAL_ATTRIBUTES, "all")
+    }
 
 
 def test_hand_drawn_discs_are_read_correctly():
@@ -56,7 +58,11 @@ def test_wrong_colour_position_and_background_score_zero():
 
 def test_a_blank_background_has_no_shape_colour_and_no_position():
     blank = np.full((32, 32, 3), COLORS["blue"], np.uint8)
-    assert check_image(blank, Expected("red", "left", "blue")) == {"color": False, "position": False, "background": True}
+    assert check_image(blank, Expected("red", "left", "blue")) == {
+        "color": False,
+        "position": False,
+        "background": True,
+    }
 
 
 def test_a_shape_on_the_wrong_side_fails_colour_and_position_only():

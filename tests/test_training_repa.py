@@ -26,7 +26,9 @@ def test_irepa_normalises_teacher_features_over_positions():
 
 
 @pytest.mark.parametrize("kind, teacher", [("mlp", "vit"), ("conv", "vit"), ("mlp", "classical")])
-def test_gradients_reach_the_projector_and_the_dit_but_not_the_teacher(text_encoder_dir, vit_teacher_dir, kind, teacher):
+def test_gradients_reach_the_projector_and_the_dit_but_not_the_teacher(
+    text_encoder_dir, vit_teacher_dir, kind, teacher
+):
     from model.generator import Generator
     from model.testing import micro_model_config
     from model.text_encoder import TextBatch
@@ -78,7 +80,9 @@ def test_the_classical_teacher_gives_every_token_its_images_descriptor_standardi
     y = teacher_targets(teacher(images), (8, 8), spatial_norm=False)
     assert y.shape == (4, 64, teacher.dim)
     torch.testing.assert_close(y, y[:, :1].expand_as(y))  # one vector per image, on every token
-    torch.testing.assert_close(y.mean(0), torch.zeros(64, teacher.dim), atol=1e-5, rtol=0)  # what differs between images
+    torch.testing.assert_close(
+        y.mean(0), torch.zeros(64, teacher.dim), atol=1e-5, rtol=0
+    )  # what differs between images
     cos = torch.nn.functional.cosine_similarity(y[:, 0, None], y[None, :, 0], dim=-1)
     assert (cos - torch.eye(4)).abs().max() < 0.9  # four shapes, four directions
     assert teacher(images[:1]).abs().max() == 0  # a batch of one has nothing to compare

@@ -85,7 +85,9 @@ def test_every_caption_the_stream_yields_is_in_the_text_cache_list(many_rows):
     train_set = TrainSet.from_table(many_rows, 8, form_probs=TERSE_PROBS)
     cached = set(train_set.captions())
     assert {c for b in epochs(train_set, seed=0, n=5) for c in b.captions} <= cached
-    assert not any(json.loads(f)["long"] in cached for f in many_rows.column("caption_forms").to_pylist())  # probability 0: not embedded
+    assert not any(
+        json.loads(f)["long"] in cached for f in many_rows.column("caption_forms").to_pylist()
+    )  # probability 0: not embedded
 
 
 def test_sampling_weights_set_how_often_a_row_appears(weighted):
@@ -120,7 +122,9 @@ def test_a_stream_resumed_mid_epoch_is_the_tail_of_the_uninterrupted_stream(weig
     straight = epochs(train_set, seed=3, n=6)
     k = train_set.epoch_length(0, 3) + train_set.epoch_length(1, 3) + 1  # mid third epoch
     saved = next_position(straight[k - 1].position, train_set.epoch_length(straight[k - 1].position.epoch, 3))
-    resumed = epochs(read_weighted(folder), seed=3, n=6, start=DataPosition.from_dict(saved.to_dict()))  # a restarted process
+    resumed = epochs(
+        read_weighted(folder), seed=3, n=6, start=DataPosition.from_dict(saved.to_dict())
+    )  # a restarted process
     assert saved == DataPosition(2, 1)
     assert [(b.position, b.ids, b.captions) for b in resumed] == [(b.position, b.ids, b.captions) for b in straight[k:]]
     assert all(np.array_equal(a.pixels, b.pixels) for a, b in zip(resumed, straight[k:]))
@@ -136,4 +140,6 @@ def test_with_every_weight_one_epoch_zero_is_the_pack_order(many_rows, tmp_path)
     assert [i for b in epoch0 for i in b.ids] == many_rows.sort_by("order").column("id").to_pylist()
     assert [b.ids for b in epoch0] == [b.ids for b in train_set.batches]  # the packed batches, intact
     epoch1 = [b.ids for b in epochs(train_set, seed=0, n=2)[len(epoch0) :]]
-    assert epoch1 == [train_set.batches[k].ids for k in train_set.epoch_order(1, seed=0)]  # later epochs reorder packed batches
+    assert epoch1 == [
+        train_set.batches[k].ids for k in train_set.epoch_order(1, seed=0)
+    ]  # later epochs reorder packed batches

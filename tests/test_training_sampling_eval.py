@@ -40,7 +40,9 @@ def test_samples_come_as_a_labelled_grid_and_a_parquet_of_pngs_at_the_training_r
 def test_sampling_is_deterministic_and_takes_a_prompts_file(trained, tmp_path):
     ckpt, _, cfg = trained
     prompts = tmp_path / "prompts.txt"
-    prompts.write_text("# two prompts\na large red circle on the left, on a blue background\n\na small white square at the top, on a black background\n")
+    prompts.write_text(
+        "# two prompts\na large red circle on the left, on a blue background\n\na small white square at the top, on a black background\n"
+    )
     sample_to_dir(ckpt, tmp_path / "one", cfg, prompts=str(prompts))
     sample_to_dir(ckpt, tmp_path / "two", cfg, prompts=str(prompts))
     assert (tmp_path / "one" / "samples.parquet").read_bytes() == (tmp_path / "two" / "samples.parquet").read_bytes()
@@ -51,9 +53,18 @@ def test_evaluation_reports_held_out_loss_prompt_following_baseline_and_throughp
     ckpt, data, cfg = trained
     metrics = evaluate(ckpt, data, tmp_path, cfg)
     # the wall-clock throughput sits beside metrics.json, outside DVC's hashes (.dvcignore), so a rerun pins the same file
-    assert json.loads((tmp_path / "metrics.json").read_text()) | {"throughput": json.loads((tmp_path / "throughput.json").read_text())} == metrics
+    assert (
+        json.loads((tmp_path / "metrics.json").read_text())
+        | {"throughput": json.loads((tmp_path / "throughput.json").read_text())}
+        == metrics
+    )
     assert "throughput" not in json.loads((tmp_path / "metrics.json").read_text())
-    assert metrics["heldout"] == {"rows": 8, "held_out": True, "timesteps": cfg.train.eval.loss_timesteps, "seed": cfg.train.eval.seed}
+    assert metrics["heldout"] == {
+        "rows": 8,
+        "held_out": True,
+        "timesteps": cfg.train.eval.loss_timesteps,
+        "seed": cfg.train.eval.seed,
+    }
     for scores in (metrics, metrics["baseline"]):
         assert set(scores["heldout_loss"]) == {f"t={t:g}" for t in cfg.train.eval.loss_timesteps} | {"mean"}
         assert set(scores["prompt_following"]) == {"color", "shape", "count", "position", "background", "all"}

@@ -32,7 +32,9 @@ WEIGHTS = [1.0, 2.0, 0.5, 0.0, 1.5] * 12  # mean 1, as the concept coverage make
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("trainer")
     te = write_tiny_text_encoder(root / "text_encoder")
-    data = write_pack_output(root / "pack", scene_rows(56, seed=1, buckets=((32, 32), (24, 40)), batch_size=8, weights=WEIGHTS))
+    data = write_pack_output(
+        root / "pack", scene_rows(56, seed=1, buckets=((32, 32), (24, 40)), batch_size=8, weights=WEIGHTS)
+    )
     return root, data, tiny_config(te, steps=STEPS)
 
 
@@ -43,17 +45,32 @@ def run_a(setup):
 
 
 def test_the_checkpoint_folder_holds_weights_state_and_telemetry(run_a):
-    for name in ("config.json", "model.safetensors", "train_state.json", "train_data.json", "metrics.jsonl", "loss.png", "loss.csv", "spikes.json", "throughput.json"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "train_state.json",
+        "train_data.json",
+        "metrics.jsonl",
+        "loss.png",
+        "loss.csv",
+        "spikes.json",
+        "throughput.json",
+    ):
         assert (run_a / name).is_file(), name
     assert (run_a / "dcp" / f"step-{STEPS:06d}" / ".metadata").is_file()  # the resumable state
     state = read_train_state(run_a)
     assert state.step == STEPS and state.holdout == 8 and state.rows == 48
     records = read_metrics(run_a / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
-    assert all(r["samples_per_s"] > 0 and r["tokens_per_s"] > 0 and r["grad_norm"] > 0 and r["tflops_per_device"] > 0 for r in records)
+    assert all(
+        r["samples_per_s"] > 0 and r["tokens_per_s"] > 0 and r["grad_norm"] > 0 and r["tflops_per_device"] > 0
+        for r in records
+    )
     assert records[-1]["loss"] == state.final_loss
     summary = json.loads((run_a / "throughput.json").read_text())
-    assert summary["mfu"] is None and summary["peak_tflops_per_device"] is None  # no known peak on a CPU: no made-up MFU
+    assert (
+        summary["mfu"] is None and summary["peak_tflops_per_device"] is None
+    )  # no known peak on a CPU: no made-up MFU
     assert summary["tflops_per_device"] > 0 and summary["devices"] == 1
 
 
@@ -70,11 +87,15 @@ def test_loss_decreases_over_thirty_steps(setup, run_a):
 def test_same_data_and_config_give_the_same_loss_trajectory_and_bytes(setup, run_a):
     root, data, cfg = setup
     run_b = train(data, root / "b", cfg)
-    assert [r["loss"] for r in read_metrics(run_b / "metrics.jsonl")] == [r["loss"] for r in read_metrics(run_a / "metrics.jsonl")]
+    assert [r["loss"] for r in read_metrics(run_b / "metrics.jsonl")] == [
+        r["loss"] for r in read_metrics(run_a / "metrics.jsonl")
+    ]
     for name in ("model.safetensors", "train_state.json", "train_data.json", "config.json", "loss.csv", "spikes.json"):
         assert (run_b / name).read_bytes() == (run_a / name).read_bytes(), name
     # every byte but the wall-clock records, the resumable DCP state included: what lets dvc.lock pin a training stage
-    assert (run_b / "dcp" / f"step-{STEPS:06d}" / ".metadata").read_bytes() == (run_a / "dcp" / f"step-{STEPS:06d}" / ".metadata").read_bytes()
+    assert (run_b / "dcp" / f"step-{STEPS:06d}" / ".metadata").read_bytes() == (
+        run_a / "dcp" / f"step-{STEPS:06d}" / ".metadata"
+    ).read_bytes()
     assert output_hash(run_b) == output_hash(run_a)
 
 
@@ -82,24 +103,34 @@ def test_another_seed_gives_another_run(setup, run_a):
     root, data, cfg = setup
     other = cfg.model_copy(update={"train": cfg.train.model_copy(update={"seed": 1, "steps": 3})})
     run = train(data, root / "seed1", other)
-    assert [r["loss"] for r in read_metrics(run / "metrics.jsonl")] != [r["loss"] for r in read_metrics(run_a / "metrics.jsonl")][:3]
+    assert [r["loss"] for r in read_metrics(run / "metrics.jsonl")] != [
+        r["loss"] for r in read_metrics(run_a / "metrics.jsonl")
+    ][:3]
 
 
 def test_a_stopped_run_resumed_from_its_checkpoint_ends_with_the_uninterrupted_weights(setup, run_a):
     root, data, cfg = setup
     out = root / "resumed"
     train(data, out, cfg, stop_at=13)
-    stream = TrainSet.from_dir(data, cfg.train.batch_size, cfg.train.holdout, cfg.data.rewrite.form_probs).stream(cfg.train.seed)
+    stream = TrainSet.from_dir(data, cfg.train.batch_size, cfg.train.holdout, cfg.data.rewrite.form_probs).stream(
+        cfg.train.seed
+    )
     assert read_train_state(out).step == 13
-    assert read_train_state(out).position == next(itertools.islice(stream, 13, None)).position  # where the 14th batch is read, weighted epochs' ends included
+    assert (
+        read_train_state(out).position == next(itertools.islice(stream, 13, None)).position
+    )  # where the 14th batch is read, weighted epochs' ends included
     (out / "model.safetensors").unlink()  # only the DCP state is needed to resume
     train(data, out, cfg, resume=True)
     state = read_train_state(out)
     assert state.step == STEPS and state.position == read_train_state(run_a).position
     a, b = load_file(str(run_a / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert [r["loss"] for r in read_metrics(out / "metrics.jsonl")] == [r["loss"] for r in read_metrics(run_a / "metrics.jsonl")]
-    assert (out / "train_data.json").read_bytes() == (run_a / "train_data.json").read_bytes()  # forms counted over all 30 steps, not since the resume
+    assert [r["loss"] for r in read_metrics(out / "metrics.jsonl")] == [
+        r["loss"] for r in read_metrics(run_a / "metrics.jsonl")
+    ]
+    assert (out / "train_data.json").read_bytes() == (
+        run_a / "train_data.json"
+    ).read_bytes()  # forms counted over all 30 steps, not since the resume
 
 
 def test_the_checkpoint_records_the_data_it_was_trained_on(setup, run_a):
@@ -109,9 +140,15 @@ def test_the_checkpoint_records_the_data_it_was_trained_on(setup, run_a):
     samples = sum(b.size for b in itertools.islice(train_set.stream(cfg.train.seed), STEPS))
     assert record["train_set_version"] == dataset_version(data)  # the version the evaluation's reference set names
     assert record["mix"] is None and record["caption_form_probs"] == cfg.data.rewrite.form_probs
-    assert sum(record["caption_forms_drawn"].values()) == samples and record["caption_forms_drawn"]["long"] > record["caption_forms_drawn"]["json"]
+    assert (
+        sum(record["caption_forms_drawn"].values()) == samples
+        and record["caption_forms_drawn"]["long"] > record["caption_forms_drawn"]["json"]
+    )
     weights = list(train_set.weights.values())
-    assert record["sampling_weight"] == {"min": 0.0, "mean": sum(weights) / len(weights), "max": 2.0} and record["weighted"]
+    assert (
+        record["sampling_weight"] == {"min": 0.0, "mean": sum(weights) / len(weights), "max": 2.0}
+        and record["weighted"]
+    )
 
 
 def test_the_exported_checkpoint_gives_the_trained_velocities(setup, tmp_path):
@@ -123,7 +160,13 @@ def test_the_exported_checkpoint_gives_the_trained_velocities(setup, tmp_path):
     x0 = gen.autoencoder.encode(batch.pixels)
     text = gen.encode_text(list(batch.captions))
     for step in range(3):  # the step function alone, no loop: what every rank of a sharded job calls
-        result = train_step(Learner(gen, opt, cfg.train, runtime), StepBatch(x0, text, gen.null_text(batch.size)), step_generator(0, step), 1e-3, 1.0)
+        result = train_step(
+            Learner(gen, opt, cfg.train, runtime),
+            StepBatch(x0, text, gen.null_text(batch.size)),
+            step_generator(0, step),
+            1e-3,
+            1.0,
+        )
         assert result.loss > 0 and result.grad_norm > 0 and result.repa_loss is None
     gen.save_pretrained(tmp_path)
 

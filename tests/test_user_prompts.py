@@ -62,16 +62,9 @@ def test_rule_prompts_keep_every_content_word_of_the_pair_in_each_style():
         for row in out.kept.to_pylist():
             assert row["style"] == style and row["writer"] == "rules:templates"
             assert set(terse(row["pair_prompt"]).replace(",", "").split()) <= set(
-                row["prompt"]
-                .replace(",", " ")
-                .replace("?", " ")
-                .replace(".", " ")
-                .split()
+                row["prompt"].replace(",", " ").replace("?", " ").replace(".", " ").split()
             )
-    assert (
-        terse("a large red circle on the left, on a blue background")
-        == "large red circle left, blue background"
-    )
+    assert terse("a large red circle on the left, on a blue background") == "large red circle left, blue background"
 
 
 def test_styles_are_drawn_per_row_reproducibly_with_the_configured_weights():
@@ -84,9 +77,7 @@ def test_styles_are_drawn_per_row_reproducibly_with_the_configured_weights():
         )
         for i in range(300)
     ]
-    cfg = config(
-        "data.user_prompts.styles={terse: 0.8, conversational: 0.2, instruction: 0.0}"
-    )
+    cfg = config("data.user_prompts.styles={terse: 0.8, conversational: 0.2, instruction: 0.0}")
     first = user_prompt_rows(pairs_table(rows), RulePromptWriter(), cfg).kept
     again = user_prompt_rows(pairs_table(rows), RulePromptWriter(), cfg).kept
     assert first.equals(again)
@@ -110,9 +101,13 @@ def test_a_pair_the_writer_leaves_empty_is_rejected_with_a_reason_and_nothing_is
         # one prompt per pair: with more, e's caption would be dropped anew and give a prompt
         config("data.user_prompts.styles={terse: 1.0}", "data.user_prompts.per_pair=1"),
     )
-    assert sorted(
-        out.kept.column("id").to_pylist() + out.rejected.column("id").to_pylist()
-    ) == ["a", "b", "c", "d", "e"]
+    assert sorted(out.kept.column("id").to_pylist() + out.rejected.column("id").to_pylist()) == [
+        "a",
+        "b",
+        "c",
+        "d",
+        "e",
+    ]
     assert out.rejected.to_pylist()[0] | {"detail": ""} == {
         "id": "e",
         "uri": "",
@@ -126,14 +121,10 @@ def test_a_pair_the_writer_leaves_empty_is_rejected_with_a_reason_and_nothing_is
 def test_thinking_traces_are_optional():
     cfg = config("data.user_prompts.thinking=true")
     with_trace = (
-        user_prompt_rows(pairs_table(), RulePromptWriter(thinking=True), cfg)
-        .kept.column("thinking")
-        .to_pylist()
+        user_prompt_rows(pairs_table(), RulePromptWriter(thinking=True), cfg).kept.column("thinking").to_pylist()
     )
     assert all(t and "Left open" in t for t in with_trace)
-    assert user_prompt_rows(pairs_table(), RulePromptWriter(), cfg).kept.column(
-        "thinking"
-    ).null_count == len(PAIRS)
+    assert user_prompt_rows(pairs_table(), RulePromptWriter(), cfg).kept.column("thinking").null_count == len(PAIRS)
 
 
 def test_sampling_weights_favour_rich_captions_and_photographs():
@@ -150,13 +141,8 @@ def test_sampling_weights_favour_rich_captions_and_photographs():
         ),
     )
     assert plain == pytest.approx(1.2) and rich == pytest.approx(2.0) and rich > plain
-    assert sampling_weight("a photo of a red circle", cfg) == pytest.approx(
-        (1 + 0.3) * 1.5
-    )
-    assert (
-        sampling_weight("a red circle", config("data.user_prompts.richness_weight=0"))
-        == 1.0
-    )
+    assert sampling_weight("a photo of a red circle", cfg) == pytest.approx((1 + 0.3) * 1.5)
+    assert sampling_weight("a red circle", config("data.user_prompts.richness_weight=0")) == 1.0
 
 
 def test_an_llm_writer_without_a_model_path_fails_at_config_validation():
@@ -171,9 +157,7 @@ def test_the_stage_runs_an_llm_by_path_and_records_its_decoding_on_every_row(tmp
     from training.expander.model import build_tiny_lm, build_word_tokenizer
 
     lm = tmp_path / "lm"
-    tok = build_word_tokenizer(
-        [p for _, p, t, _ in PAIRS] + [t for _, _, t, _ in PAIRS], lm
-    )
+    tok = build_word_tokenizer([p for _, p, t, _ in PAIRS] + [t for _, _, t, _ in PAIRS], lm)
     cfg = load_config(
         [
             "data.user_prompts.writer=llm",
@@ -183,28 +167,19 @@ def test_the_stage_runs_an_llm_by_path_and_records_its_decoding_on_every_row(tmp
         ]
     )
     build_tiny_lm(
-        cfg.expander.model_copy(
-            update={"tiny_hidden": 16, "tiny_heads": 2, "tiny_layers": 1}
-        ),
+        cfg.expander.model_copy(update={"tiny_hidden": 16, "tiny_heads": 2, "tiny_layers": 1}),
         len(tok),
         lm,
         64,
     )
     write_shards([pairs_table()], tmp_path / "pairs", PROMPT_PAIRS)
-    summary = run_stage(
-        "user_prompts", tmp_path / "pairs", tmp_path / "out", cfg, workers=0
-    )
+    summary = run_stage("user_prompts", tmp_path / "pairs", tmp_path / "out", cfg, workers=0)
     kept = read_dataset(tmp_path / "out" / "kept")
     rejected = read_dataset(tmp_path / "out" / "rejected")
-    assert (
-        kept.schema.equals(USER_PROMPTS)
-        and kept.num_rows + rejected.num_rows == len(PAIRS) == summary.input_rows
-    )
+    assert kept.schema.equals(USER_PROMPTS) and kept.num_rows + rejected.num_rows == len(PAIRS) == summary.input_rows
     assert set(rejected.column("reason").to_pylist()) <= {Reason.NO_PROMPT}
     assert kept.num_rows > 0
-    for row in (
-        kept.to_pylist()
-    ):  # a random LM writes noise; what it wrote and how is recorded
+    for row in kept.to_pylist():  # a random LM writes noise; what it wrote and how is recorded
         d = json.loads(row["decoding"])
         assert (
             row["writer"] == "llm:llama"
@@ -212,7 +187,4 @@ def test_the_stage_runs_an_llm_by_path_and_records_its_decoding_on_every_row(tmp
             and d["do_sample"] is True
             and d["max_new_tokens"] == 6
         )
-        assert (
-            d["instruction"].startswith("Rewrite this image request")
-            and row["thinking"] is not None
-        )
+        assert d["instruction"].startswith("Rewrite this image request") and row["thinking"] is not None

@@ -15,10 +15,30 @@ from kiln.schemas import PROMPT_PAIRS
 from training.expander.sft import sft_pairs, train_sft
 
 PAIRS = [  # (id, pair prompt, long caption, dropped details)
-    ("a", "a large red circle on the left", "a large red circle on the left, on a blue background", ["on a blue background"]),
-    ("b", "a green square, on a white background", "a small green square at the top, on a white background", ["small", "at the top"]),
-    ("c", "two pink diamonds on the right", "two small pink diamonds on the right, on a black background", ["small", "on a black background"]),
-    ("d", 'a red sign with the word "SALE"', 'a red sign with the word "SALE", on a grey background', ["on a grey background"]),
+    (
+        "a",
+        "a large red circle on the left",
+        "a large red circle on the left, on a blue background",
+        ["on a blue background"],
+    ),
+    (
+        "b",
+        "a green square, on a white background",
+        "a small green square at the top, on a white background",
+        ["small", "at the top"],
+    ),
+    (
+        "c",
+        "two pink diamonds on the right",
+        "two small pink diamonds on the right, on a black background",
+        ["small", "on a black background"],
+    ),
+    (
+        "d",
+        'a red sign with the word "SALE"',
+        'a red sign with the word "SALE", on a grey background',
+        ["on a grey background"],
+    ),
 ]
 
 
@@ -41,12 +61,18 @@ def test_each_pair_gets_k_distinct_prompts_each_with_its_style_in_one_row():
     for row in out.kept.to_pylist():
         variants = json.loads(row["prompts"])
         assert len(variants) == 4 and len({v["prompt"] for v in variants}) == 4
-        assert (variants[0]["prompt"], variants[0]["style"], variants[0]["pair_prompt"]) == (row["prompt"], row["style"], row["pair_prompt"])
+        assert (variants[0]["prompt"], variants[0]["style"], variants[0]["pair_prompt"]) == (
+            row["prompt"],
+            row["style"],
+            row["pair_prompt"],
+        )
         for v in variants:
             assert v["style"] in STYLES and v["decoding"]["style"] == v["style"]
             # each is a drop of the caption, and the prompt keeps every content word of its drop
             assert content_words(v["pair_prompt"]) <= content_words(row["target"])
-            assert content_words(v["pair_prompt"]) <= set(v["prompt"].replace(",", " ").replace("?", " ").replace(".", " ").replace('"', " ").split())
+            assert content_words(v["pair_prompt"]) <= set(
+                v["prompt"].replace(",", " ").replace("?", " ").replace(".", " ").replace('"', " ").split()
+            )
     # the extra prompts redraw what is dropped, not only the wording
     assert any(len({v["pair_prompt"] for v in json.loads(r)}) > 1 for r in out.kept.column("prompts").to_pylist())
     again = user_prompt_rows(pairs_table(), RulePromptWriter(), config("data.user_prompts.per_pair=4")).kept
@@ -66,7 +92,10 @@ class Echo:
     name = "test:echo"
 
     def write(self, prompts, styles, targets, dropped, seeds):
-        return [Written("" if t.startswith("two small pink") else t.split(",")[0], {"style": s}) for t, s in zip(targets, styles)]
+        return [
+            Written("" if t.startswith("two small pink") else t.split(",")[0], {"style": s})
+            for t, s in zip(targets, styles)
+        ]
 
 
 def test_repeats_are_written_again_then_kept_short_and_an_all_empty_pair_is_rejected():
@@ -75,7 +104,9 @@ def test_repeats_are_written_again_then_kept_short_and_an_all_empty_pair_is_reje
     assert sorted([*kept, *out.rejected.column("id").to_pylist()]) == ["a", "b", "c", "d"]  # nothing lost
     assert all(len(v) == 1 for v in kept.values())  # one distinct text is all this writer has
     (reject,) = out.rejected.to_pylist()
-    assert reject["id"] == "c" and reject["reason"] == Reason.NO_PROMPT and "in 12 attempts" in reject["detail"]  # 3, then 3 x 3 more
+    assert (
+        reject["id"] == "c" and reject["reason"] == Reason.NO_PROMPT and "in 12 attempts" in reject["detail"]
+    )  # 3, then 3 x 3 more
 
 
 def test_the_sft_trains_on_every_prompt_of_a_row_and_a_caption_keeps_its_weight(tmp_path):
@@ -87,6 +118,19 @@ def test_the_sft_trains_on_every_prompt_of_a_row_and_a_caption_keeps_its_weight(
         assert [p["prompt"] for p in mine] == [v["prompt"] for v in json.loads(row["prompts"])]
         assert {p["target"] for p in mine} == {row["target"]}
         assert abs(sum(p["sampling_weight"] for p in mine) - row["sampling_weight"]) < 1e-9
-    cfg = load_config([f"expander.{k}={v}" for k, v in {"tiny_hidden": 16, "tiny_heads": 2, "tiny_layers": 1, "sft_steps": 2, "sft_batch": 2, "save_every": 2, "max_length": 48}.items()])
+    cfg = load_config(
+        [
+            f"expander.{k}={v}"
+            for k, v in {
+                "tiny_hidden": 16,
+                "tiny_heads": 2,
+                "tiny_layers": 1,
+                "sft_steps": 2,
+                "sft_batch": 2,
+                "save_every": 2,
+                "max_length": 48,
+            }.items()
+        ]
+    )
     out = train_sft(rows, tmp_path / "sft", cfg)
     assert json.loads((out / "expander.json").read_text())["pairs"] == 4 * len(PAIRS)

@@ -41,7 +41,13 @@ PARALLEL_CAP_S, FLOAT8_RUN_CAP_S = 200.0, 200.0  # a hung or slow compile fails 
 def environment() -> dict:
     import torch
 
-    env = {"host": socket.gethostname(), "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda, "gpus": []}
+    env = {
+        "host": socket.gethostname(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpus": [],
+    }
     try:
         import torchao
 
@@ -54,7 +60,15 @@ def environment() -> dict:
     env["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else None
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
-        env["gpus"].append({"index": i, "name": p.name, "capability": f"{p.major}.{p.minor}", "memory_gib": round(p.total_memory / 2**30, 1), "sms": p.multi_processor_count})
+        env["gpus"].append(
+            {
+                "index": i,
+                "name": p.name,
+                "capability": f"{p.major}.{p.minor}",
+                "memory_gib": round(p.total_memory / 2**30, 1),
+                "sms": p.multi_processor_count,
+            }
+        )
     try:
         import pynvml
 
@@ -73,8 +87,19 @@ def run_config(te_dir: Path, size: str, device: str, px: int, steps: int, batch:
     te = TextEncoderConfig(path=str(te_dir), max_length=16 if dry_run else 32, layers=[-1, -2], refiner_layers=1)
     model = ModelConfig(size=size, patch_size=2 if dry_run else 16, in_channels=3, pad_to_multiple=16, text_encoder=te)
     train = TrainConfig.model_validate(
-        {"steps": steps, "batch_size": batch, "lr": 1e-4, "warmup_steps": 1, "holdout": 0, "log_every": 0, "device": device, "threads": 1 if dry_run else None,
-         "parallel": parallel, "telemetry": {"gpu_every": 1}, "dcp": {"async_save": False}}
+        {
+            "steps": steps,
+            "batch_size": batch,
+            "lr": 1e-4,
+            "warmup_steps": 1,
+            "holdout": 0,
+            "log_every": 0,
+            "device": device,
+            "threads": 1 if dry_run else None,
+            "parallel": parallel,
+            "telemetry": {"gpu_every": 1},
+            "dcp": {"async_save": False},
+        }
     )
     return KilnConfig(model=model, train=train, post=PostConfig(judge="demo_pixel"))
 
@@ -90,7 +115,17 @@ def torchrun(cfg, data: Path, out: Path, nproc: int, timeout_s: float) -> dict:
     """The real trainer over `nproc` local processes; its throughput.json and last metrics row."""
     spec = out.parent / f"{out.name}.spec.json"
     spec.write_text(json.dumps({"cfg": cfg.model_dump(mode="json"), "data": str(data), "out": str(out)}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "training.gpu_check", "--worker", str(spec)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "training.gpu_check",
+        "--worker",
+        str(spec),
+    ]
     started = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode:
@@ -124,7 +159,9 @@ def worker(spec_path: str) -> None:
     rank = int(os.environ.get("RANK", "0"))
     train(Path(spec["data"]), out, cfg, overwrite=True)
     peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
-    (out / f"peak_memory_rank{rank}.json").write_text(json.dumps({"rank": rank, "peak_gib": round(peak, 2) if peak is not None else None}))
+    (out / f"peak_memory_rank{rank}.json").write_text(
+        json.dumps({"rank": rank, "peak_gib": round(peak, 2) if peak is not None else None})
+    )
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -164,7 +201,15 @@ def parallel_section(ctx: dict) -> dict:
     cfg = run_config(ctx["te"], size, ctx["device"], px, steps, batch, parallel, ctx["dry_run"])
     data = write_train_set(ctx["work"] / "parallel_data", px, batch * 2, batch)
     result = torchrun(cfg, data, ctx["work"] / "parallel_run", nproc, min(ctx["left"](), PARALLEL_CAP_S))
-    return {"status": "ok", "size": size, "px": px, "processes": nproc, "parallel": parallel, "global_batch": batch, "steps": steps} | result
+    return {
+        "status": "ok",
+        "size": size,
+        "px": px,
+        "processes": nproc,
+        "parallel": parallel,
+        "global_batch": batch,
+        "steps": steps,
+    } | result
 
 
 def float8_section(ctx: dict) -> dict:
@@ -180,13 +225,30 @@ def float8_section(ctx: dict) -> dict:
         check_gpu_settings(cfg, machine)
     except ConfigError as e:
         cap = ".".join(map(str, FLOAT8_MIN_CAPABILITY))
-        return {"status": "skipped", "reason": f"needs a CUDA device of capability {cap}+ and torchao", "refusal": str(e)}
+        return {
+            "status": "skipped",
+            "reason": f"needs a CUDA device of capability {cap}+ and torchao",
+            "refusal": str(e),
+        }
     data = write_train_set(ctx["work"] / "float8_data", px, batch * 2, batch)
     runs = {}
     for name, parallel in (("bf16", {"compile": True}), ("float8", on)):
-        runs[name] = torchrun(run_config(ctx["te"], size, "cuda", px, steps, batch, parallel, False), data, ctx["work"] / f"float8_{name}", 1, min(ctx["left"](), FLOAT8_RUN_CAP_S))
+        runs[name] = torchrun(
+            run_config(ctx["te"], size, "cuda", px, steps, batch, parallel, False),
+            data,
+            ctx["work"] / f"float8_{name}",
+            1,
+            min(ctx["left"](), FLOAT8_RUN_CAP_S),
+        )
     speedup = runs["float8"]["throughput"]["tokens_per_s"] / max(runs["bf16"]["throughput"]["tokens_per_s"], 1e-9)
-    return {"status": "ok", "size": size, "px": px, "batch": batch, "steps": steps, "tokens_per_s_speedup": round(speedup, 3)} | runs
+    return {
+        "status": "ok",
+        "size": size,
+        "px": px,
+        "batch": batch,
+        "steps": steps,
+        "tokens_per_s_speedup": round(speedup, 3),
+    } | runs
 
 
 def largest_fit_section(ctx: dict) -> dict:
@@ -213,7 +275,10 @@ def largest_fit_section(ctx: dict) -> dict:
         params = dit_params(cfg.model)
         entry["dit_params"] = params
         if total and params * ADAMW_BYTES_PER_PARAM > 0.95 * total:
-            entry |= {"fits": False, "why": f"weights, grads and AdamW states alone need {params * ADAMW_BYTES_PER_PARAM / 2**30:.0f} GiB of {total / 2**30:.0f} GiB (shard it: FSDP2)"}
+            entry |= {
+                "fits": False,
+                "why": f"weights, grads and AdamW states alone need {params * ADAMW_BYTES_PER_PARAM / 2**30:.0f} GiB of {total / 2**30:.0f} GiB (shard it: FSDP2)",
+            }
             break
         gen = init_generator(cfg.model, 0, device)
         parallelize(gen, None, ParallelConfig(), device.type)
@@ -228,9 +293,15 @@ def largest_fit_section(ctx: dict) -> dict:
                 x0 = torch.randn(batch, 3, px, px, device=device)
                 text = cache.batch(["a red circle on a blue background"] * batch, device)
                 null = gen.null_text(batch)
-                result = train_step(Learner(gen, opt, cfg.train, runtime), StepBatch(x0, text, null), step_generator(0, 0), 1e-5, 1.0)
+                result = train_step(
+                    Learner(gen, opt, cfg.train, runtime), StepBatch(x0, text, null), step_generator(0, 0), 1e-5, 1.0
+                )
                 peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-                fitted = {"batch": batch, "peak_memory_gib": round(peak, 2) if peak is not None else None, "loss_finite": math.isfinite(result.loss)}
+                fitted = {
+                    "batch": batch,
+                    "peak_memory_gib": round(peak, 2) if peak is not None else None,
+                    "loss_finite": math.isfinite(result.loss),
+                }
                 batch *= 2
             except torch.OutOfMemoryError:
                 break
@@ -254,11 +325,21 @@ def attention_section(ctx: dict) -> dict:
 
     size = get_size("prx_1b")
     dtype = torch.float32 if ctx["dry_run"] else torch.bfloat16
-    backends = {name: attention_kernel_problem(name, ctx["device"], dtype, size.width // size.heads, size.kv_heads != size.heads) for name in ("flash", "cudnn", "efficient", "math")}
+    backends = {
+        name: attention_kernel_problem(
+            name, ctx["device"], dtype, size.width // size.heads, size.kv_heads != size.heads
+        )
+        for name in ("flash", "cudnn", "efficient", "math")
+    }
     return {"status": "ok", "dtype": str(dtype), "problems": backends}
 
 
-SECTIONS = {"attention": attention_section, "parallel": parallel_section, "float8": float8_section, "largest_fit": largest_fit_section}
+SECTIONS = {
+    "attention": attention_section,
+    "parallel": parallel_section,
+    "float8": float8_section,
+    "largest_fit": largest_fit_section,
+}
 
 
 def run_check(out: Path, dry_run: bool, budget_s: float, only: list[str] | None = None) -> dict:
@@ -275,7 +356,10 @@ def run_check(out: Path, dry_run: bool, budget_s: float, only: list[str] | None 
     with tempfile.TemporaryDirectory(prefix="kiln-gpu-check-") as tmp:
         work = Path(tmp)
         ctx = {
-            "dry_run": dry_run, "device": "cpu" if dry_run else "cuda", "work": work, "te": write_tiny_text_encoder(work / "bert", layers=2),
+            "dry_run": dry_run,
+            "device": "cpu" if dry_run else "cuda",
+            "work": work,
+            "te": write_tiny_text_encoder(work / "bert", layers=2),
             "left": lambda: budget_s - (time.perf_counter() - started),
         }
         for name, section in SECTIONS.items():
@@ -288,7 +372,11 @@ def run_check(out: Path, dry_run: bool, budget_s: float, only: list[str] | None 
             try:
                 report[name] = section(ctx)
             except Exception as e:
-                report[name] = {"status": "failed", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
+                report[name] = {
+                    "status": "failed",
+                    "error": f"{type(e).__name__}: {e}",
+                    "traceback": traceback.format_exc()[-4000:],
+                }
             report[name]["seconds"] = round(time.perf_counter() - t0, 1)
             out.write_text(json.dumps(report, indent=2) + "\n")  # a section at a time: a killed run keeps what it did
     report["seconds"] = round(time.perf_counter() - started, 1)
@@ -299,7 +387,9 @@ def run_check(out: Path, dry_run: bool, budget_s: float, only: list[str] | None 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gpu-check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="gpu-check.json", help="the JSON report")
-    ap.add_argument("--dry-run", action="store_true", help="the plumbing on CPU: gloo, the micro size, no compile or float8")
+    ap.add_argument(
+        "--dry-run", action="store_true", help="the plumbing on CPU: gloo, the micro size, no compile or float8"
+    )
     ap.add_argument("--budget-s", type=float, default=450.0, help="stop starting sections after this many seconds")
     ap.add_argument("--only", nargs="*", choices=sorted(SECTIONS), help="run only these sections")
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # a torchrun rank of a run
@@ -309,7 +399,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     report = run_check(Path(args.out), args.dry_run, args.budget_s, args.only)
     statuses = {name: report[name]["status"] for name in SECTIONS if name in report}
-    print(json.dumps({"report": args.out, "sections": statuses, **({"error": report["error"]} if "error" in report else {})}))
+    print(
+        json.dumps(
+            {"report": args.out, "sections": statuses, **({"error": report["error"]} if "error" in report else {})}
+        )
+    )
     return 1 if "error" in report or "failed" in statuses.values() else 0
 
 

@@ -18,7 +18,13 @@ from kiln.schemas import TRAIN
 from kiln.stage import write_table
 
 
-def scene_rows(n: int, seed: int = 0, buckets: tuple[tuple[int, int], ...] = ((32, 32),), batch_size: int = 8, weights: Sequence[float] | None = None) -> pa.Table:
+def scene_rows(
+    n: int,
+    seed: int = 0,
+    buckets: tuple[tuple[int, int], ...] = ((32, 32),),
+    batch_size: int = 8,
+    weights: Sequence[float] | None = None,
+) -> pa.Table:
     """`n` single-shape scenes; rows cycle through `buckets` and every batch holds one bucket. Each row
     carries the rule rewriter's caption forms and its sampling weight (`weights[i]`, default 1)."""
     from components.demo_scenes import sample_scene
@@ -40,8 +46,18 @@ def scene_rows(n: int, seed: int = 0, buckets: tuple[tuple[int, int], ...] = ((3
 
 
 EXPANDER_PAIRS = [  # short user prompt -> the grammar's full caption: a two-row SFT set for the prompt expander
-    {"id": "a", "prompt": "red circle", "target": "a large red circle on the left, on a blue background", "sampling_weight": 1.0},
-    {"id": "b", "prompt": "green square", "target": "a small green square at the top, on a white background", "sampling_weight": 1.0},
+    {
+        "id": "a",
+        "prompt": "red circle",
+        "target": "a large red circle on the left, on a blue background",
+        "sampling_weight": 1.0,
+    },
+    {
+        "id": "b",
+        "prompt": "green square",
+        "target": "a small green square at the top, on a white background",
+        "sampling_weight": 1.0,
+    },
 ]
 
 
@@ -52,8 +68,16 @@ def scene_train_row(row_id: str, scene, height: int, width: int) -> dict:
 
     pixels = np.asarray(render(scene, width, height), dtype=np.uint8)  # render draws RGB
     caption = caption_for(scene)
-    return {"id": row_id, "caption": caption, "caption_forms": rule_caption_forms(caption), "sampling_weight": 1.0,
-            "bucket": f"{height}x{width}", "height": height, "width": width, "pixels": pixels.tobytes()}
+    return {
+        "id": row_id,
+        "caption": caption,
+        "caption_forms": rule_caption_forms(caption),
+        "sampling_weight": 1.0,
+        "bucket": f"{height}x{width}",
+        "height": height,
+        "width": width,
+        "pixels": pixels.tobytes(),
+    }
 
 
 def rule_caption_forms(caption: str) -> str:
@@ -79,7 +103,11 @@ def tiny_config(text_encoder_dir: Path, **train) -> KilnConfig:
     fields = {"steps": 30, "batch_size": 8, "lr": 3e-3, "warmup_steps": 3, "holdout": 8, "log_every": 0, "threads": 1}
     fields |= {"sample": {"steps": 4, "n_per_prompt": 2}, "eval": {"steps": 4, "n_per_prompt": 1}}
     fields.update(train)
-    return KilnConfig(model=micro_model_config(text_encoder_dir), train=TrainConfig.model_validate(fields), post=PostConfig(judge="demo_pixel"))
+    return KilnConfig(
+        model=micro_model_config(text_encoder_dir),
+        train=TrainConfig.model_validate(fields),
+        post=PostConfig(judge="demo_pixel"),
+    )
 
 
 def trained_micro_model(root: Path, rows: int, seed: int, steps: int) -> tuple[Path, KilnConfig]:
@@ -104,7 +132,12 @@ def one_shape_in_four_places(n: int = 48) -> pa.Table:
     rng = np.random.default_rng(5)
     rows = []
     for i in range(n):
-        scene = Scene("single_shape", Background("blue"), (Shape("red", "circle", "large", POSITIONS[i % 4]),), layout_seed=int(rng.integers(10**6)))
+        scene = Scene(
+            "single_shape",
+            Background("blue"),
+            (Shape("red", "circle", "large", POSITIONS[i % 4]),),
+            layout_seed=int(rng.integers(10**6)),
+        )
         rows.append(scene_train_row(f"r{i:03d}", scene, 32, 32) | {"batch": i // 8, "order": i})
     return pa.Table.from_pylist(rows, schema=TRAIN)
 
@@ -131,10 +164,19 @@ def where_the_shape_goes(shift: float, data, folder) -> dict[str, tuple[float, f
     from training.core.trainer import train
 
     cfg = tiny_config(default_text_encoder_path(), steps=250, holdout=4, timestep_shift=shift, timestep_max_shift=shift)
-    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"rewrite": cfg.data.rewrite.model_copy(update={"form_probs": LONG_ONLY})})})
+    cfg = cfg.model_copy(
+        update={
+            "data": cfg.data.model_copy(
+                update={"rewrite": cfg.data.rewrite.model_copy(update={"form_probs": LONG_ONLY})}
+            )
+        }
+    )
     gen = Generator.from_pretrained(train(data, folder, cfg))
     phrases = ("on the left", "on the right", "at the top", "at the bottom")
-    return {p: red_centroid_at_pure_noise(gen, f"a large red circle {phrase}, on a blue background") for p, phrase in zip(POSITIONS, phrases)}
+    return {
+        p: red_centroid_at_pure_noise(gen, f"a large red circle {phrase}, on a blue background")
+        for p, phrase in zip(POSITIONS, phrases)
+    }
 
 
 def follows_the_caption(where: dict[str, tuple[float, float]]) -> bool:

@@ -64,7 +64,12 @@ def run_command(cmd: Command, args: argparse.Namespace) -> int:
 def add_command(sub: argparse._SubParsersAction, cmd: Command) -> None:
     p = sub.add_parser(cmd.name, help=cmd.help)
     for a in cmd.positional:
-        p.add_argument(a.name, metavar="STAGE" if a.check else a.name.upper(), type=resolve(a.check) if a.check else str, help=a.help)
+        p.add_argument(
+            a.name,
+            metavar="STAGE" if a.check else a.name.upper(),
+            type=resolve(a.check) if a.check else str,
+            help=a.help,
+        )
     for a in cmd.inputs:
         p.add_argument(f"--{a.name}", required=a.required, help=a.help, **({"action": "append"} if a.many else {}))
     p.add_argument(f"--{cmd.out}", required=True, help=cmd.out_help)
@@ -77,7 +82,14 @@ def add_command(sub: argparse._SubParsersAction, cmd: Command) -> None:
         if o.type == "flag":
             where.add_argument(flag, dest=o.name, action="store_true", help=o.help)
         else:
-            where.add_argument(flag, dest=o.name, type=int if o.type == "int" else str, choices=o.choices or None, default=None, help=o.help)
+            where.add_argument(
+                flag,
+                dest=o.name,
+                type=int if o.type == "int" else str,
+                choices=o.choices or None,
+                default=None,
+                help=o.help,
+            )
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. train.steps=10")
     p.set_defaults(fn=lambda args, cmd=cmd: run_command(cmd, args))
 
@@ -100,7 +112,13 @@ def cmd_merge(args: argparse.Namespace) -> int:
     made = init_distributed("cpu")  # under torchrun: the ranks share the tensors (docs/post-training.md#merging)
     rank = dist.get_rank() if dist.is_initialized() else 0
     try:
-        out = merge_checkpoints([Path(s) for s in args.source], Path(args.base) if args.base else None, Path(args.out), cfg, args.trust_unsigned)
+        out = merge_checkpoints(
+            [Path(s) for s in args.source],
+            Path(args.base) if args.base else None,
+            Path(args.out),
+            cfg,
+            args.trust_unsigned,
+        )
     finally:
         if made:
             dist.destroy_process_group()
@@ -123,7 +141,9 @@ def cmd_dvc(args: argparse.Namespace) -> int:
 
     stale = write_dvc_files(check=args.check, overrides=args.overrides)
     if args.check and stale:
-        print(f"kiln: {', '.join(stale)} differ from what the registry generates: run `kiln dvc write`", file=sys.stderr)
+        print(
+            f"kiln: {', '.join(stale)} differ from what the registry generates: run `kiln dvc write`", file=sys.stderr
+        )
         return 1
     print("dvc.yaml and params.yaml are the registry's" if args.check else "wrote dvc.yaml and params.yaml")
     return 0
@@ -145,29 +165,53 @@ def add_tools(sub: argparse._SubParsersAction) -> None:
     c.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. train.steps=10")
     c.set_defaults(fn=cmd_config)
 
-    r = sub.add_parser("run", help="materialize the asset graph through Dagster (the main job: raw images to an evaluated checkpoint)")
-    r.add_argument("--select", nargs="*", default=None, help="asset keys, run as the `select` job (default: the main job)")
+    r = sub.add_parser(
+        "run", help="materialize the asset graph through Dagster (the main job: raw images to an evaluated checkpoint)"
+    )
+    r.add_argument(
+        "--select", nargs="*", default=None, help="asset keys, run as the `select` job (default: the main job)"
+    )
     r.add_argument("--all", action="store_true", help="every asset, the branches and post-training too")
-    r.add_argument("--job", default=None, help="a job of the definitions instead of main: post_training, training, expander, style, ...")
+    r.add_argument(
+        "--job",
+        default=None,
+        help="a job of the definitions instead of main: post_training, training, expander, style, ...",
+    )
     r.add_argument("overrides", nargs="*")
     r.set_defaults(fn=cmd_run)
 
-    dv = sub.add_parser("dvc", help="write dvc.yaml and params.yaml from the registry (kiln/registry.py) and the default config")
+    dv = sub.add_parser(
+        "dvc", help="write dvc.yaml and params.yaml from the registry (kiln/registry.py) and the default config"
+    )
     dv.add_argument("action", choices=["write"])
     dv.add_argument("--check", action="store_true", help="write nothing; exit 1 when the committed files differ")
-    dv.add_argument("overrides", nargs="*", help="a profile and source for DVC, e.g. data=web data.source=s3://bucket/images/")
+    dv.add_argument(
+        "overrides", nargs="*", help="a profile and source for DVC, e.g. data=web data.source=s3://bucket/images/"
+    )
     dv.set_defaults(fn=cmd_dvc)
 
-    ab = sub.add_parser("ablate", help="run an ablation plan (variants x seeds) as DVC experiments and compare them (docs/ablations.md)")
+    ab = sub.add_parser(
+        "ablate", help="run an ablation plan (variants x seeds) as DVC experiments and compare them (docs/ablations.md)"
+    )
     ab.add_argument("plan", help="plan YAML, e.g. conf/ablate/demo.yaml")
     ab.add_argument("--out", help="folder for comparison.md/.parquet/.png (default data/ablations/<plan name>)")
     ab.add_argument("--jobs", type=int, default=1, help="experiments run at once (DVC queue workers)")
     ab.add_argument("--force", action="store_true", help="rerun experiments of this plan that already exist")
     ab.set_defaults(fn=cmd_ablate)
 
-    mg = sub.add_parser("merge", help="merge checkpoints of one model (exports or DCP steps) by post.merge.method, streaming tensor by tensor")
-    mg.add_argument("--source", action="append", required=True, help="a checkpoint folder or DCP step folder; repeat, in the order of post.merge.weights")
-    mg.add_argument("--base", default=None, help="the checkpoint the sources were trained from (every method but linear)")
+    mg = sub.add_parser(
+        "merge",
+        help="merge checkpoints of one model (exports or DCP steps) by post.merge.method, streaming tensor by tensor",
+    )
+    mg.add_argument(
+        "--source",
+        action="append",
+        required=True,
+        help="a checkpoint folder or DCP step folder; repeat, in the order of post.merge.weights",
+    )
+    mg.add_argument(
+        "--base", default=None, help="the checkpoint the sources were trained from (every method but linear)"
+    )
     mg.add_argument("--out", required=True)
     mg.add_argument("--trust-unsigned", action="store_true", help="read DCP steps whose manifests another key signed")
     mg.add_argument("overrides", nargs="*", help="e.g. post.merge.method=ties post.merge.density=0.3")

@@ -35,14 +35,16 @@ def review_cli(args: argparse.Namespace) -> int:
     if args.action == "list":
         rows = review_rows(db)
         for row in rows:
-            print(f"{row['level']}:{row['cluster']:<4} {row['decision']:<8} size {row['size']:<5} {row['name']!r}  [{row['flag_reason']}] {row['note']}")
+            print(
+                f"{row['level']}:{row['cluster']:<4} {row['decision']:<8} size {row['size']:<5} {row['name']!r}  [{row['flag_reason']}] {row['note']}"
+            )
         if not rows:
             print(f"no clusters flagged in {db}")
         return 0
     if not args.cluster:
         print("kiln review: which cluster? (LEVEL:CLUSTER)", file=sys.stderr)
         return 2
-    level, cluster = (args.cluster.split(":", 1) if ":" in args.cluster else (c.review_level, args.cluster))
+    level, cluster = args.cluster.split(":", 1) if ":" in args.cluster else (c.review_level, args.cluster)
     if not (str(level).isdigit() and str(cluster).isdigit()):
         raise UnknownName(f"{args.cluster!r} is not a cluster: LEVEL:CLUSTER or CLUSTER, whole numbers")
     set_decision(db, int(level), int(cluster), args.action, args.note)

@@ -8,10 +8,19 @@ from pathlib import Path
 
 
 def add_parser(subparsers):
-    a = subparsers.add_parser("rubric", help="a rubric prompt set (post.prompts / post.eval_prompts) from plain prompts, requirements written by an LLM by path")
+    a = subparsers.add_parser(
+        "rubric",
+        help="a rubric prompt set (post.prompts / post.eval_prompts) from plain prompts, requirements written by an LLM by path",
+    )
     a.add_argument("--prompts", required=True, help="plain prompts, one a line (blank lines and #-comments skipped)")
-    a.add_argument("--llm", required=True, help="a causal LM folder (Hugging Face) that writes each prompt's yes/no questions")
-    a.add_argument("--out", required=True, help="OUT/prompts.jsonl (the set), OUT/rejected.jsonl (prompts it wrote no question for), OUT/rubric.json")
+    a.add_argument(
+        "--llm", required=True, help="a causal LM folder (Hugging Face) that writes each prompt's yes/no questions"
+    )
+    a.add_argument(
+        "--out",
+        required=True,
+        help="OUT/prompts.jsonl (the set), OUT/rejected.jsonl (prompts it wrote no question for), OUT/rubric.json",
+    )
     a.add_argument("--max-new-tokens", type=int, default=96)
     a.add_argument("--device", default="cpu")
     a.add_argument("--overwrite", action="store_true", help="replace an OUT holding files kiln did not write")

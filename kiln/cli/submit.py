@@ -1,9 +1,9 @@
 """`kiln submit ...`: the Slurm door of the CLI. Wired into kiln/cli/__init__.py with `add_parser(sub)`.
 
-    kiln submit train --data D --out O cluster=h200 [overrides]   # prints the job id and its logs
-    kiln submit selftest --out O cluster=test                     # 2+ task all-reduce SGD: checks the profile
-    kiln submit stage filter --input I --output O cluster=test    # a data stage as a job array (waits, merges)
-    kiln submit train ... --dry-run                               # print the sbatch script, submit nothing
+kiln submit train --data D --out O cluster=h200 [overrides]   # prints the job id and its logs
+kiln submit selftest --out O cluster=test                     # 2+ task all-reduce SGD: checks the profile
+kiln submit stage filter --input I --output O cluster=test    # a data stage as a job array (waits, merges)
+kiln submit train ... --dry-run                               # print the sbatch script, submit nothing
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ def _spec(args: argparse.Namespace, cfg):
 
     if args.what == "train":
         return train_task(Path(args.data), Path(args.out), cfg)
-    return TaskSpec("slurm.selftest:allreduce_sgd", (str(Path(args.out).resolve()),), {"steps": args.steps}, name="kiln-selftest")
+    return TaskSpec(
+        "slurm.selftest:allreduce_sgd", (str(Path(args.out).resolve()),), {"steps": args.steps}, name="kiln-selftest"
+    )
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -34,8 +36,20 @@ def cmd_submit(args: argparse.Namespace) -> int:
         from kiln.stage import StageInputError
 
         try:
-            summary = run_stage_array(args.name, args.input, args.output, cfg, max_parallel=args.max_parallel, log=print, overwrite=args.overwrite)
-        except (StageInputError, OutputError, ChecksumError) as e:  # a refusal or a bad input: one plain line, as `kiln stage` prints it
+            summary = run_stage_array(
+                args.name,
+                args.input,
+                args.output,
+                cfg,
+                max_parallel=args.max_parallel,
+                log=print,
+                overwrite=args.overwrite,
+            )
+        except (
+            StageInputError,
+            OutputError,
+            ChecksumError,
+        ) as e:  # a refusal or a bad input: one plain line, as `kiln stage` prints it
             print(f"kiln: {e}", file=sys.stderr)
             return 2
         print(summary.to_json(), end="")
@@ -46,7 +60,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
         spec = _spec(args, cfg)
         shape = cfg.cluster if spec.distributed else single_task(cfg.cluster)
-        print(sbatch_script(shape, "train", spec.job_name, folder=str(Path(cfg.cluster.log_dir).resolve() / "%j")), end="")
+        print(
+            sbatch_script(shape, "train", spec.job_name, folder=str(Path(cfg.cluster.log_dir).resolve() / "%j")), end=""
+        )
         return 0
     from slurm.jobs import SlurmJobFailed, submit, watch
 
@@ -84,7 +100,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     st.add_argument("name")
     st.add_argument("--input", required=True)
     st.add_argument("--output", required=True)
-    st.add_argument("--max-parallel", type=int, default=None, help="array tasks at once (default: cluster.max_array_parallel)")
+    st.add_argument(
+        "--max-parallel", type=int, default=None, help="array tasks at once (default: cluster.max_array_parallel)"
+    )
     st.add_argument("--overwrite", action="store_true", help="replace an existing output folder kiln did not write")
     st.add_argument("overrides", nargs="*")
     p.set_defaults(fn=cmd_submit)

@@ -20,8 +20,22 @@ def cmd_map(args: argparse.Namespace) -> int:
 
     dsn = args.dsn or (local_postgres_dsn() if args.postgres else None)
     try:
-        s = run_map(args.stage, Path(args.input), Path(args.output), load_config(args.overrides), dsn, args.workers, args.table, slurm_workers=args.slurm_workers, overwrite=args.overwrite)
-    except (StageInputError, OutputError, ChecksumError) as e:  # a refusal or a bad input: one plain line, as `kiln stage` prints it
+        s = run_map(
+            args.stage,
+            Path(args.input),
+            Path(args.output),
+            load_config(args.overrides),
+            dsn,
+            args.workers,
+            args.table,
+            slurm_workers=args.slurm_workers,
+            overwrite=args.overwrite,
+        )
+    except (
+        StageInputError,
+        OutputError,
+        ChecksumError,
+    ) as e:  # a refusal or a bad input: one plain line, as `kiln stage` prints it
         print(f"kiln: {e}", file=sys.stderr)
         return 2
     print(s.to_json(), end="")
@@ -39,7 +53,12 @@ def job_tables(stage: str, dsn: str | None) -> list[str]:
 
     with db_connect(dsn) as conn:
         pg.ensure_registry(conn)
-        return [t for (t,) in conn.execute("SELECT input_table FROM kiln_jobs WHERE stage = %s ORDER BY 1", (stage,)).fetchall()]
+        return [
+            t
+            for (t,) in conn.execute(
+                "SELECT input_table FROM kiln_jobs WHERE stage = %s ORDER BY 1", (stage,)
+            ).fetchall()
+        ]
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
@@ -50,10 +69,14 @@ def cmd_watch(args: argparse.Namespace) -> int:
     if table is None:  # kiln map keys its tables: the one job of this stage, if there is one
         tables = job_tables(args.stage, args.dsn)
         if len(tables) != 1:
-            raise UnknownName(f"kiln watch {args.stage}: {len(tables)} jobs of this stage ({', '.join(tables) or 'none'}); pick one with --table")
+            raise UnknownName(
+                f"kiln watch {args.stage}: {len(tables)} jobs of this stage ({', '.join(tables) or 'none'}); pick one with --table"
+            )
         (table,) = tables
     p = wh.attach(args.stage, table=table, dsn=args.dsn).wait(progress_bar=True)
-    print(f"{args.stage} on {table}: {p.done}/{p.total} done ({p.kept} kept, {p.rejected} rejected), {p.failed} failed, {p.remaining} remaining")
+    print(
+        f"{args.stage} on {table}: {p.done}/{p.total} done ({p.kept} kept, {p.rejected} rejected), {p.failed} failed, {p.remaining} remaining"
+    )
     return 0
 
 
@@ -64,15 +87,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--output", required=True)
     m.add_argument("--dsn", default=None, help="Postgres DSN (default: the embedded warehouse, no server)")
     m.add_argument("--postgres", action="store_true", help="use KILN_PG_DSN, or start the local Postgres")
-    m.add_argument("--workers", type=int, default=2, help="local worker processes (more can join: kiln.warehouse.run_worker)")
-    m.add_argument("--slurm-workers", type=int, default=0, help="also this many workers as a Slurm job array (Postgres; a cluster=... profile)")
-    m.add_argument("--table", default=None, help="warehouse table name (default: one keyed by stage, input version and config)")
+    m.add_argument(
+        "--workers", type=int, default=2, help="local worker processes (more can join: kiln.warehouse.run_worker)"
+    )
+    m.add_argument(
+        "--slurm-workers",
+        type=int,
+        default=0,
+        help="also this many workers as a Slurm job array (Postgres; a cluster=... profile)",
+    )
+    m.add_argument(
+        "--table", default=None, help="warehouse table name (default: one keyed by stage, input version and config)"
+    )
     m.add_argument("--overwrite", action="store_true", help="replace an existing output folder kiln did not write")
     m.add_argument("overrides", nargs="*")
     m.set_defaults(fn=cmd_map)
 
     w = subparsers.add_parser("watch", help="attach to a running map job and show its progress")
     add_stage_argument(w)
-    w.add_argument("--table", default=None, help="the table `kiln map` named in its first line (default: the one job of this stage)")
+    w.add_argument(
+        "--table",
+        default=None,
+        help="the table `kiln map` named in its first line (default: the one job of this stage)",
+    )
     w.add_argument("--dsn", default=None)
     w.set_defaults(fn=cmd_watch, overrides=[])

@@ -36,4 +36,6 @@ class PairError(ValueError):
 def check_order(low_key: str, low: float, high_key: str, high: float, strict: bool = False) -> None:
     """A min / max pair in order, or a PairError naming both keys (`strict`: the two may not be equal)."""
     if low > high or (strict and low == high):
-        raise PairError(f"{low_key} ({low}) must be {'below' if strict else 'at most'} {high_key} ({high})", low_key, high_key)
+        raise PairError(
+            f"{low_key} ({low}) must be {'below' if strict else 'at most'} {high_key} ({high})", low_key, high_key
+        )

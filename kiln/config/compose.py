@@ -72,7 +72,12 @@ def _add_missing_keys(overrides: list[str]) -> list[str]:
     out = []
     for o in overrides:
         key = o.split("=", 1)[0]
-        if "=" in o and not key.startswith(("+", "~")) and key not in GROUPS and OmegaConf.select(base, key, default=missing) is missing:
+        if (
+            "=" in o
+            and not key.startswith(("+", "~"))
+            and key not in GROUPS
+            and OmegaConf.select(base, key, default=missing) is missing
+        ):
             o = "++" + o
         out.append(o)
     return out
@@ -148,7 +153,10 @@ def _missing_path(path: str | None) -> str | None:
 def _stand_in(key: str, choice: str, stand_in: str, real: str, used: list[str]) -> tuple[str, str] | None:
     if stand_in in used:
         return None
-    return key, f"{choice} is an offline stand-in ({STAND_INS[stand_in]}); use {real}, or name it in data.stand_ins: [{stand_in}]"
+    return (
+        key,
+        f"{choice} is an offline stand-in ({STAND_INS[stand_in]}); use {real}, or name it in data.stand_ins: [{stand_in}]",
+    )
 
 
 def model_problems(data: DataConfig) -> list[tuple[str, str]]:
@@ -157,27 +165,70 @@ def model_problems(data: DataConfig) -> list[tuple[str, str]]:
     Checked when a config is loaded, so a real profile fails before any work rather than hours into a run."""
     used, out = data.stand_ins, []
     if data.source is None or data.source == []:
-        out.append(("data.source", "no source set: `demo`, or uris of folders, prefixes (s3:// gs:// https:// file://), .tar shards, .txt or .parquet lists"))
+        out.append(
+            (
+                "data.source",
+                "no source set: `demo`, or uris of folders, prefixes (s3:// gs:// https:// file://), .tar shards, .txt or .parquet lists",
+            )
+        )
     cap = data.caption
     if cap.captioner == "scene_metadata":
-        out.append(_stand_in("data.caption.captioner", "scene_metadata", "scene_metadata_captioner", "captioner=vlm with data.caption.vlm_path, or captioner=source", used))
+        out.append(
+            _stand_in(
+                "data.caption.captioner",
+                "scene_metadata",
+                "scene_metadata_captioner",
+                "captioner=vlm with data.caption.vlm_path, or captioner=source",
+                used,
+            )
+        )
     elif cap.captioner == "vlm" and (why := _missing_path(cap.vlm_path)):
         out.append(("data.caption.vlm_path", f"the VLM captioner's model folder {why}"))
     if data.embed.embedder == "classical":
-        out.append(_stand_in("data.embed.embedder", "classical", "classical_embedder", "embedder=hf with data.embed.path (a SigLIP-2 / DINOv3 class folder)", used))
+        out.append(
+            _stand_in(
+                "data.embed.embedder",
+                "classical",
+                "classical_embedder",
+                "embedder=hf with data.embed.path (a SigLIP-2 / DINOv3 class folder)",
+                used,
+            )
+        )
     elif why := _missing_path(data.embed.path):
         out.append(("data.embed.path", f"the embedder's model folder {why}"))
     if data.rewrite.rewriter == "rules":
-        out.append(_stand_in("data.rewrite.rewriter", "rules", "rules_rewriter", "rewriter=llm with data.rewrite.llm_path", used))
+        out.append(
+            _stand_in(
+                "data.rewrite.rewriter", "rules", "rules_rewriter", "rewriter=llm with data.rewrite.llm_path", used
+            )
+        )
     elif why := _missing_path(data.rewrite.llm_path):
         out.append(("data.rewrite.llm_path", f"the LLM rewriter's model folder {why}"))
     if (data.user_prompts.writer or data.rewrite.rewriter) == "rules":
-        out.append(_stand_in("data.user_prompts.writer", "rules", "rules_rewriter", "writer=llm with data.user_prompts.llm_path", used))
+        out.append(
+            _stand_in(
+                "data.user_prompts.writer",
+                "rules",
+                "rules_rewriter",
+                "writer=llm with data.user_prompts.llm_path",
+                used,
+            )
+        )
     elif why := _missing_path(data.user_prompts.llm_path or data.rewrite.llm_path):
-        out.append(("data.user_prompts.llm_path", f"the user-prompt writer's LLM folder {why} (nor is data.rewrite.llm_path)"))
+        out.append(
+            ("data.user_prompts.llm_path", f"the user-prompt writer's LLM folder {why} (nor is data.rewrite.llm_path)")
+        )
     for i, head in enumerate(data.classify.heads):
         if head.labeller == "rules":
-            out.append(_stand_in(f"data.classify.heads.{i}.labeller", f"rules (head {head.name})", "rules_labeller", "labeller=vlm with a vlm.vlm_path", used))
+            out.append(
+                _stand_in(
+                    f"data.classify.heads.{i}.labeller",
+                    f"rules (head {head.name})",
+                    "rules_labeller",
+                    "labeller=vlm with a vlm.vlm_path",
+                    used,
+                )
+            )
         elif head.vlm is not None and (why := _missing_path(head.vlm.vlm_path)):
             out.append((f"data.classify.heads.{i}.vlm.vlm_path", f"head {head.name}'s VLM folder {why}"))
     if data.clustering.namer == "vlm" and (why := _missing_path(data.clustering.namer_vlm_path)):
@@ -190,7 +241,9 @@ def error_keys(err: Any) -> tuple[str, ...]:
     return getattr((err.get("ctx") or {}).get("error"), "keys", ())
 
 
-def validate(raw: dict[str, Any], choices: dict[str, str] | None = None, overrides: list[str] | None = None) -> KilnConfig:
+def validate(
+    raw: dict[str, Any], choices: dict[str, str] | None = None, overrides: list[str] | None = None
+) -> KilnConfig:
     def line(loc: tuple, what: str, keys: tuple[str, ...] = ()) -> str:
         where = [loc + tuple(k.split(".")) for k in keys] or [loc]  # a PairError: where each of its keys came from
         sources = ", ".join(dict.fromkeys(_source_of(w, choices or {}, overrides or []) for w in where))
@@ -199,14 +252,33 @@ def validate(raw: dict[str, Any], choices: dict[str, str] | None = None, overrid
     try:
         cfg = KilnConfig.model_validate(raw)
     except ValidationError as e:
-        lines = [line(tuple(err["loc"]), "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, "), error_keys(err)) for err in e.errors()]
+        lines = [
+            line(
+                tuple(err["loc"]),
+                "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, "),
+                error_keys(err),
+            )
+            for err in e.errors()
+        ]
         raise ConfigError("invalid kiln config:\n" + "\n".join(lines)) from None
     problems = model_problems(cfg.data)
-    if cfg.post.judge == "vlm" and (why := _missing_path(cfg.post.judge_vlm_path)):  # the evaluation's prompt following asks it
-        problems.append(("post.judge_vlm_path", f"the rubric judge's VLM folder {why} (post=demo judges demo drawings with the pixel checker)"))
+    if cfg.post.judge == "vlm" and (
+        why := _missing_path(cfg.post.judge_vlm_path)
+    ):  # the evaluation's prompt following asks it
+        problems.append(
+            (
+                "post.judge_vlm_path",
+                f"the rubric judge's VLM folder {why} (post=demo judges demo drawings with the pixel checker)",
+            )
+        )
     teacher = cfg.train.repa.teacher_path
     if teacher is not None and teacher != REPA_CLASSICAL and (why := _missing_path(teacher)):
-        problems.append(("train.repa.teacher_path", f"the REPA teacher's model folder {why} (or `classical`, the hand-made descriptor)"))
+        problems.append(
+            (
+                "train.repa.teacher_path",
+                f"the REPA teacher's model folder {why} (or `classical`, the hand-made descriptor)",
+            )
+        )
     if problems:
         profile = (choices or {}).get("data", "?")
         lines = [line(tuple(key.split(".")), what) for key, what in problems]

@@ -17,15 +17,22 @@ class RungConfig(Strict):
 
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="assets train_set_<name> and checkpoint_<name>")
     train: str = Field(description="the train config of this rung: conf/train/<train>.yaml")
-    overrides: list[str] = Field(default_factory=list, description="Hydra overrides of this rung after its train file (e.g. train.steps=500)")
+    overrides: list[str] = Field(
+        default_factory=list, description="Hydra overrides of this rung after its train file (e.g. train.steps=500)"
+    )
 
 
 class DomainRungConfig(RungConfig):
     """A domain SFT rung (kiln.ladder.domain_rungs): trained from `checkpoint` on its own mix (its overrides set
     `train.mix=domain_<name>`, a `data.mixes.domains` entry), and scored on its own prompts for the merge."""
 
-    eval_prompts: str | None = Field(None, description="rubric prompt set (JSONL) this domain is scored on; None = demo grammar prompts of `demo_family`")
-    demo_family: Literal["single_shape", "counted_shapes"] | None = Field(None, description="demo stand-in: the scene family its prompts are drawn from")
+    eval_prompts: str | None = Field(
+        None,
+        description="rubric prompt set (JSONL) this domain is scored on; None = demo grammar prompts of `demo_family`",
+    )
+    demo_family: Literal["single_shape", "counted_shapes"] | None = Field(
+        None, description="demo stand-in: the scene family its prompts are drawn from"
+    )
     eval_n: int = Field(16, ge=1, le=100_000, description="prompts drawn for demo_family")
 
 
@@ -34,7 +41,9 @@ class LadderConfig(Strict):
     the model that samples and evaluation read."""
 
     rungs: list[RungConfig] = Field(default_factory=lambda: [RungConfig(name="pretrain", train="demo")], min_length=1)
-    domains: list[DomainRungConfig] = Field(default_factory=list, description="domain SFT rungs, each from `checkpoint`, merged into checkpoint_merged")
+    domains: list[DomainRungConfig] = Field(
+        default_factory=list, description="domain SFT rungs, each from `checkpoint`, merged into checkpoint_merged"
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> LadderConfig:

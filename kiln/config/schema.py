@@ -32,6 +32,12 @@ class KilnConfig(Strict):
 
     @model_validator(mode="after")
     def _tp_knows_the_mlp(self) -> KilnConfig:
-        if self.model.mlp != "swiglu" and self.train.parallel.tp > 1:  # training/core/parallel.py shards SwiGLU's fused gate/up only
-            raise PairError(f"model.mlp={self.model.mlp} has no tensor-parallel plan; use train.parallel.tp=1 (FSDP alone) or model.mlp=swiglu", "model.mlp", "train.parallel.tp")
+        if (
+            self.model.mlp != "swiglu" and self.train.parallel.tp > 1
+        ):  # training/core/parallel.py shards SwiGLU's fused gate/up only
+            raise PairError(
+                f"model.mlp={self.model.mlp} has no tensor-parallel plan; use train.parallel.tp=1 (FSDP alone) or model.mlp=swiglu",
+                "model.mlp",
+                "train.parallel.tp",
+            )
         return self

@@ -36,7 +36,12 @@ def executor_of(cfg: KilnConfig) -> str:
 
 
 def execute(
-    stage: str, input_path: Path | str, output: Path | str, cfg: KilnConfig, log: Callable[[str], None] = kiln_log.info, overwrite: bool = False
+    stage: str,
+    input_path: Path | str,
+    output: Path | str,
+    cfg: KilnConfig,
+    log: Callable[[str], None] = kiln_log.info,
+    overwrite: bool = False,
 ) -> Summary:
     """Run `stage` over `input_path` into `output` on the profile's executor. The output is checked first
     (kiln.outputs.check_output): never the input or inside it, and holding only what kiln wrote unless `overwrite`."""
@@ -51,9 +56,20 @@ def execute(
 
         dsn = os.environ.get("KILN_PG_DSN")
         target = Path(output).resolve()
-        fresh = target.parent / f".{target.name}.queue-{os.getpid()}"  # written whole, then swapped in: OUT was checked above
+        fresh = (
+            target.parent / f".{target.name}.queue-{os.getpid()}"
+        )  # written whole, then swapped in: OUT was checked above
         try:
-            summary = run_map(stage, Path(input_path), fresh, cfg, dsn, max(cfg.cluster.workers, 1), queue_table(stage, input_path, cfg), log=log)
+            summary = run_map(
+                stage,
+                Path(input_path),
+                fresh,
+                cfg,
+                dsn,
+                max(cfg.cluster.workers, 1),
+                queue_table(stage, input_path, cfg),
+                log=log,
+            )
             swap_in(fresh, target)
             return summary
         finally:
@@ -74,7 +90,14 @@ def train_task(data: Path, out: Path, cfg: KilnConfig):
     )  # fmt: skip
 
 
-def run_training(data: Path, out: Path, cfg: KilnConfig, resume: bool = False, overwrite: bool = False, log: Callable[[str], None] = kiln_log.info):
+def run_training(
+    data: Path,
+    out: Path,
+    cfg: KilnConfig,
+    resume: bool = False,
+    overwrite: bool = False,
+    log: Callable[[str], None] = kiln_log.info,
+):
     """The trainer on the profile's executor: in this process, or (a Slurm profile) as a Slurm job that this
     waits for. A fresh run into a used folder clears it before submitting (`overwrite`), since the job itself
     resumes: it must never delete what a requeue would resume. Returns the checkpoint folder, or the job's

@@ -104,13 +104,17 @@ def run_stage_array(
     check_output(output_dir, input_dir, overwrite)  # before any job: a refusal costs no cluster time
     stage = get_stage(stage_name)
     if stage.resources.cpus > cfg.cluster.array_cpus_per_task:  # the stage's own floor (kiln.stage.StageResources)
-        cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"array_cpus_per_task": stage.resources.cpus})})
+        cfg = cfg.model_copy(
+            update={"cluster": cfg.cluster.model_copy(update={"array_cpus_per_task": stage.resources.cpus})}
+        )
     # the input stays as given: ingest keeps relative uris relative, and tasks share the submit directory
     output_dir = Path(output_dir).resolve()
     executor = executor_for(cfg.cluster, "array", stage_name)
     executor.update_parameters(slurm_array_parallelism=max_parallel or cfg.cluster.max_array_parallel)
     if stage.scope == "global":
-        (job,) = executor.map_array(run_whole_stage, [stage_name], [str(input_dir)], [str(output_dir)], [cfg], [overwrite])
+        (job,) = executor.map_array(
+            run_whole_stage, [stage_name], [str(input_dir)], [str(output_dir)], [cfg], [overwrite]
+        )
         log(f"{stage_name}: global stage as slurm job {job.job_id}")
         _wait([job], cfg, log)
         return Summary.read(output_dir)

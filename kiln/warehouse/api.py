@@ -83,7 +83,8 @@ class PostgresHandle:
         while the queue advances: if the previous replacements died before claiming anything, something
         other than a row kills them, and `wait` reports it instead of starting workers forever."""
         lost = [
-            w for w in self.processes
+            w
+            for w in self.processes
             if w.exitcode is not None and (w.exitcode < 0 or w.exitcode == TIMEOUT_EXIT) and w.pid not in self._replaced
         ]
         if not lost:
@@ -94,7 +95,12 @@ class PostgresHandle:
             return
         self._claimed_when_replaced = claimed
         self._replaced.update(w.pid for w in lost)
-        log.warning("%s: %d workers lost (exit codes %s); starting replacements", self.stage, len(lost), [w.exitcode for w in lost])
+        log.warning(
+            "%s: %d workers lost (exit codes %s); starting replacements",
+            self.stage,
+            len(lost),
+            [w.exitcode for w in lost],
+        )
         self.add_workers(len(lost))
 
     def _slurm_workers_ended(self) -> bool:
@@ -118,7 +124,9 @@ class PostgresHandle:
             final = self.progress()
         if final.pending:
             codes = [w.exitcode for w in self.processes] + [j.job_id for j in self.slurm_jobs]
-            raise RuntimeError(f"{self.stage}: workers exited (codes {codes}) with {final.pending} rows left; add_workers() to finish")
+            raise RuntimeError(
+                f"{self.stage}: workers exited (codes {codes}) with {final.pending} rows left; add_workers() to finish"
+            )
         return final
 
     def results(self) -> StageOutput:
@@ -164,14 +172,18 @@ def map(
     ref = stage_ref(stage)
     st = resolve_stage(ref)
     if st.scope != "shard":
-        raise ValueError(f"stage {st.name!r} is {st.scope}-scoped (needs all rows at once); it cannot run on a row queue")
+        raise ValueError(
+            f"stage {st.name!r} is {st.scope}-scoped (needs all rows at once); it cannot run on a row queue"
+        )
     cfg = cfg if cfg is not None else load_config()
     max_attempts = max_attempts if max_attempts is not None else cfg.cluster.queue_max_attempts
     lease_s = lease_s if lease_s is not None else cfg.cluster.queue_lease_s
     rows = None if isinstance(table_or_rows, str) else _as_table(table_or_rows, st)
     input_name = table_or_rows if isinstance(table_or_rows, str) else table
     if dsn is None:
-        return start_embedded(ref, rows, input_name, cfg, Path(root or default_root()), workers, batch_size, max_attempts, lease_s)
+        return start_embedded(
+            ref, rows, input_name, cfg, Path(root or default_root()), workers, batch_size, max_attempts, lease_s
+        )
 
     job = pg.Job(input_name, st.name, ref, cfg.model_dump(mode="json"), batch_size, max_attempts, lease_s)
     with db_connect(dsn) as conn:

@@ -68,8 +68,13 @@ def _write_atomic(table: pa.Table, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def state_table(ids: list[str], status: list[str | None], error: list[str | None], failure: list[str | None], attempts: int) -> pa.Table:
-    return pa.table({"id": ids, "status": status, "error": error, "failure": failure, "attempts": [attempts] * len(ids)}, schema=STATE)
+def state_table(
+    ids: list[str], status: list[str | None], error: list[str | None], failure: list[str | None], attempts: int
+) -> pa.Table:
+    return pa.table(
+        {"id": ids, "status": status, "error": error, "failure": failure, "attempts": [attempts] * len(ids)},
+        schema=STATE,
+    )
 
 
 def batch_state(result: BatchResult, attempts: int) -> pa.Table:
@@ -131,14 +136,18 @@ class EmbeddedJob:
         n = len(ids)
         _write_atomic(state_table(ids, [None] * n, [lost.error] * n, [lost.failure] * n, attempts), self.queue / name)
 
-    def write_exhausted(self, name: str, rows: pa.Table, last: dict[str, tuple[str, str]], attempts: int, lease_s: float) -> None:
+    def write_exhausted(
+        self, name: str, rows: pa.Table, last: dict[str, tuple[str, str]], attempts: int, lease_s: float
+    ) -> None:
         """Rows that failed every attempt, as rejects whose reason is their last failure and detail its error."""
         rejects = Rejects(self.stage)
         uris = rows.column("uri").to_pylist() if "uri" in rows.column_names else [""] * rows.num_rows
         for i, uri in zip(rows.column("id").to_pylist(), uris):
             failure, error = last[i]
             value = lease_s if failure == Reason.TIMEOUT else None
-            rejects.add(i, uri or "", failure, value=value, detail=f"{error} (after {attempts} attempts)"[:MAX_ERROR_CHARS])
+            rejects.add(
+                i, uri or "", failure, value=value, detail=f"{error} (after {attempts} attempts)"[:MAX_ERROR_CHARS]
+            )
         ids = list(last)
         _write_atomic(rejects.table(), self.rejected / name)
         n = len(ids)
@@ -148,7 +157,10 @@ class EmbeddedJob:
     def failures_in(self, name: str) -> dict[str, tuple[str, str]]:
         """id -> (failure, error) of the rows a finished batch left without a result."""
         t = pq.read_table(self.queue / name).filter(pc.is_null(pc.field("status")))
-        return {i: (f or Reason.STAGE_ERROR.value, e or "") for i, f, e in zip(*(t.column(c).to_pylist() for c in ("id", "failure", "error")))}
+        return {
+            i: (f or Reason.STAGE_ERROR.value, e or "")
+            for i, f, e in zip(*(t.column(c).to_pylist() for c in ("id", "failure", "error")))
+        }
 
     def connection(self) -> duckdb.DuckDBPyConnection:
         """DuckDB with one view per table, named as in Postgres; the queue view is each row's latest state.
@@ -156,7 +168,11 @@ class EmbeddedJob:
         Every name and path is quoted (kiln.sql) and files are listed, not globbed, so any folder name works.
         """
         con = duckdb.connect()
-        for name, folder in ((self.table, self.input), (self.kept.name, self.kept), (self.rejected.name, self.rejected)):
+        for name, folder in (
+            (self.table, self.input),
+            (self.kept.name, self.kept),
+            (self.rejected.name, self.rejected),
+        ):
             if parts := sorted(folder.glob("part-*.parquet")):
                 con.execute(f"CREATE VIEW {quote_identifier(name)} AS SELECT * FROM {read_parquet(parts)}")
         if parts := sorted(self.queue.glob("part-*.parquet")):
@@ -198,7 +214,9 @@ class EmbeddedJob:
     def state(self) -> dict[str, tuple[int, str | None, str | None]]:
         """id -> (attempts, status, error): each row's latest queue state."""
         con = self.connection()
-        rows = con.execute(f"SELECT id, attempts, status, error FROM {quote_identifier(self.queue.name)} ORDER BY id").fetchall()
+        rows = con.execute(
+            f"SELECT id, attempts, status, error FROM {quote_identifier(self.queue.name)} ORDER BY id"
+        ).fetchall()
         con.close()
         return {i: (a, s, e) for i, a, s, e in rows}
 
@@ -226,7 +244,16 @@ def prepare(job: EmbeddedJob, rows: pa.Table | None, meta: dict) -> pa.Table:
     return rows
 
 
-def run_passes(job: EmbeddedJob, rows: pa.Table, stage_ref: str, config_json: str, batch_size: int, workers: int, max_attempts: int, lease_s: float) -> None:
+def run_passes(
+    job: EmbeddedJob,
+    rows: pa.Table,
+    stage_ref: str,
+    config_json: str,
+    batch_size: int,
+    workers: int,
+    max_attempts: int,
+    lease_s: float,
+) -> None:
     """Every batch, then the rows that failed, one per batch, up to max_attempts passes; rows that failed
     them all become rejects; then done.json. A batch whose state file exists is done (a resume)."""
     stage = resolve_stage(stage_ref)
@@ -255,7 +282,13 @@ def run_passes(job: EmbeddedJob, rows: pa.Table, stage_ref: str, config_json: st
             last = failed
             todo = todo.filter(pc.is_in(todo.column("id"), pa.array(list(failed), pa.string())))
     if todo.num_rows:
-        job.write_exhausted(f"part-{max_attempts:02d}-00000.parquet", todo, {i: last[i] for i in todo.column("id").to_pylist()}, max_attempts, lease_s)
+        job.write_exhausted(
+            f"part-{max_attempts:02d}-00000.parquet",
+            todo,
+            {i: last[i] for i in todo.column("id").to_pylist()},
+            max_attempts,
+            lease_s,
+        )
     (job.queue / "done.json").write_text("{}\n")
 
 
@@ -275,7 +308,13 @@ class EmbeddedHandle:
         return self.job.progress()
 
     def wait(self, progress_bar: bool = True, timeout: float | None = None) -> Progress:
-        wait_until(self.progress, lambda p: self.job.finished() or self._crashed(), f"{self.stage} (embedded)", progress_bar, timeout=timeout)
+        wait_until(
+            self.progress,
+            lambda p: self.job.finished() or self._crashed(),
+            f"{self.stage} (embedded)",
+            progress_bar,
+            timeout=timeout,
+        )
         if self._thread is not None:
             self._thread.join()
         if self.error is not None:
@@ -300,7 +339,15 @@ class EmbeddedHandle:
 
 
 def start(
-    stage_ref: str, rows: pa.Table | None, table: str, cfg: KilnConfig, root: Path, workers: int, batch_size: int, max_attempts: int, lease_s: float
+    stage_ref: str,
+    rows: pa.Table | None,
+    table: str,
+    cfg: KilnConfig,
+    root: Path,
+    workers: int,
+    batch_size: int,
+    max_attempts: int,
+    lease_s: float,
 ) -> EmbeddedHandle:
     """Begin (or resume) an embedded run in a background thread, which drives the worker processes, and return its handle."""
     stage = resolve_stage(stage_ref)

@@ -78,7 +78,9 @@ def exit_description(code: int | None) -> str:
 class _Worker:
     def __init__(self, ctx, stage_ref: str, config_json: str):
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=serve, args=(child, stage_ref, config_json), name="kiln-embedded-worker", daemon=True)
+        self.process = ctx.Process(
+            target=serve, args=(child, stage_ref, config_json), name="kiln-embedded-worker", daemon=True
+        )
         self.process.start()
         child.close()
         self.job: tuple[object, float] | None = None  # (key, deadline) of the batch it holds
@@ -172,7 +174,9 @@ class BatchPool:
                     raise msg
             if not w.process.is_alive():
                 w.process.join()
-                raise WorkerError(f"{self.stage_ref} worker died while starting ({exit_description(w.process.exitcode)})")
+                raise WorkerError(
+                    f"{self.stage_ref} worker died while starting ({exit_description(w.process.exitcode)})"
+                )
 
     def _outcome(self, w: _Worker) -> BatchResult | Lost | WorkerError | None:
         """The batch's result, or why it has none, or None while it is still running within its lease."""
@@ -183,7 +187,13 @@ class BatchPool:
                 pass  # the pipe closed: the process is gone, see below
         if not w.process.is_alive() or w.conn.closed:
             w.process.join()
-            return Lost(Reason.WORKER_CRASH.value, f"worker_crash: the worker process died ({exit_description(w.process.exitcode)}) while it ran this row's batch")
+            return Lost(
+                Reason.WORKER_CRASH.value,
+                f"worker_crash: the worker process died ({exit_description(w.process.exitcode)}) while it ran this row's batch",
+            )
         if time.monotonic() >= w.job[1]:
-            return Lost(Reason.TIMEOUT.value, f"timeout: this row's batch ran past its lease of {self.lease_s:g} s; its worker was stopped")
+            return Lost(
+                Reason.TIMEOUT.value,
+                f"timeout: this row's batch ran past its lease of {self.lease_s:g} s; its worker was stopped",
+            )
         return None

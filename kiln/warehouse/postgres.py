@@ -119,7 +119,9 @@ def load_rows(conn: psycopg.Connection, name: str, table: pa.Table) -> None:
         create_table(conn, name, table.schema)
         staging = f"_load_{name}"[:MAX_IDENTIFIER]
         conn.execute(
-            sql.SQL("CREATE TEMP TABLE {} (LIKE {}) ON COMMIT DROP").format(sql.Identifier(staging), sql.Identifier(name))
+            sql.SQL("CREATE TEMP TABLE {} (LIKE {}) ON COMMIT DROP").format(
+                sql.Identifier(staging), sql.Identifier(name)
+            )
         )
         copy_rows(conn, staging, table)
         (changed,) = conn.execute(
@@ -257,7 +259,9 @@ def refuse_other_rows(conn: psycopg.Connection, job: Job, ids: list[str]) -> Non
     Refused before anything is loaded, never mixed in."""
     if conn.execute("SELECT to_regclass(%s)", (sql.Identifier(job.queue).as_string(conn),)).fetchone()[0] is None:
         return
-    (other,) = conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE NOT (id = ANY(%s))").format(sql.Identifier(job.queue)), (ids,)).fetchone()
+    (other,) = conn.execute(
+        sql.SQL("SELECT count(*) FROM {} WHERE NOT (id = ANY(%s))").format(sql.Identifier(job.queue)), (ids,)
+    ).fetchone()
     if other:
         raise ValueError(
             f"warehouse queue {job.queue!r} holds {other} rows that are not among these {len(ids)}: it is another input's job; "
@@ -323,7 +327,9 @@ def claim(conn: psycopg.Connection, job: Job, input_schema: pa.Schema, n: int, w
         )
         cols = sql.SQL(", ").join(map(sql.Identifier, input_schema.names))
         rows = conn.execute(
-            sql.SQL("SELECT {cols} FROM {t} WHERE id = ANY(%s) ORDER BY id").format(cols=cols, t=sql.Identifier(job.table)),
+            sql.SQL("SELECT {cols} FROM {t} WHERE id = ANY(%s) ORDER BY id").format(
+                cols=cols, t=sql.Identifier(job.table)
+            ),
             (ids,),
         ).fetchall()
     return Claim(token, rows_table(rows, input_schema))
@@ -471,7 +477,9 @@ def attempts_claimed(conn: psycopg.Connection, job: Job) -> int:
     """Attempts counted so far over the whole queue: it grows with every claim, so a supervisor can tell
     a worker that died holding rows from one that died before it claimed anything."""
     return int(
-        conn.execute(sql.SQL("SELECT coalesce(sum(attempts), 0) FROM {}").format(sql.Identifier(job.queue))).fetchone()[0]
+        conn.execute(sql.SQL("SELECT coalesce(sum(attempts), 0) FROM {}").format(sql.Identifier(job.queue))).fetchone()[
+            0
+        ]
     )
 
 

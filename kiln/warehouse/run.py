@@ -17,7 +17,15 @@ def queue_table(stage: str, input_path: Path | str, cfg) -> str:
 
 
 def run_map(
-    stage: str, input_dir: Path, output: Path, cfg, dsn: str | None, workers: int, table: str | None = None, log=print, slurm_workers: int = 0,
+    stage: str,
+    input_dir: Path,
+    output: Path,
+    cfg,
+    dsn: str | None,
+    workers: int,
+    table: str | None = None,
+    log=print,
+    slurm_workers: int = 0,
     overwrite: bool = False,
 ):
     """Load a stage input folder into the warehouse, work it with `workers` local processes (and
@@ -41,15 +49,21 @@ def run_map(
         raise ValueError("Slurm queue workers need the Postgres warehouse (--dsn or --postgres)")
     table = table or queue_table(stage, input_dir, cfg)
     handle = wh.map(stage, rows, dsn=dsn, workers=workers, table=table, cfg=cfg)
-    log(f"{stage}: {rows.num_rows} rows on {'postgres' if dsn else 'the embedded warehouse'} table {table!r}, {workers} workers")
+    log(
+        f"{stage}: {rows.num_rows} rows on {'postgres' if dsn else 'the embedded warehouse'} table {table!r}, {workers} workers"
+    )
     if slurm_workers:
         handle.add_slurm_workers(slurm_workers, cfg)
     p = handle.wait(progress_bar=True)
     if p.remaining:
-        raise RuntimeError(f"{stage}: {p.remaining} rows without a result ({p.failed} failed after every attempt); see handle.state()")
+        raise RuntimeError(
+            f"{stage}: {p.remaining} rows without a result ({p.failed} failed after every attempt); see handle.state()"
+        )
     results = handle.results()
     check_rows_out(stage, table, rows, results)
-    return write_stage_output(st, rows.num_rows, [results], Path(output), cfg, input_path=input_dir, overwrite=overwrite)
+    return write_stage_output(
+        st, rows.num_rows, [results], Path(output), cfg, input_path=input_dir, overwrite=overwrite
+    )
 
 
 def check_rows_out(stage: str, table: str, rows, results) -> None:
@@ -64,11 +78,3 @@ def check_rows_out(stage: str, table: str, rows, results) -> None:
             f"of warehouse table {table!r} ({len(extra)} not in this input, e.g. {extra[:3]}; {len(missing)} without a "
             f"result, e.g. {missing[:3]}); map into a table of its own (leave --table out: kiln map keys one by input and config)"
         )
-
-
-
-
-
-
-
-

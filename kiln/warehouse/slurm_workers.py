@@ -16,10 +16,21 @@ from kiln.warehouse.worker import run_worker
 from slurm.launcher import executor_for
 
 
-def submit_queue_workers(dsn: str, stage: str, table: str, n: int, cfg: KilnConfig, batch_size: int | None = None, max_batches: int | None = None, log=kiln_log.info) -> list[submitit.Job]:
+def submit_queue_workers(
+    dsn: str,
+    stage: str,
+    table: str,
+    n: int,
+    cfg: KilnConfig,
+    batch_size: int | None = None,
+    max_batches: int | None = None,
+    log=kiln_log.info,
+) -> list[submitit.Job]:
     """`n` workers of `stage`'s queue on `table` as one Slurm array (at most `cluster.max_array_parallel` at once)."""
     if cfg.cluster.kind != "slurm":
-        raise ValueError(f"queue workers on Slurm need a Slurm cluster profile (cluster=test, cluster=h200), not {cfg.cluster.name!r}")
+        raise ValueError(
+            f"queue workers on Slurm need a Slurm cluster profile (cluster=test, cluster=h200), not {cfg.cluster.name!r}"
+        )
     if n < 1:
         return []
     executor = executor_for(cfg.cluster, "array", f"kiln-worker-{stage}")

@@ -84,7 +84,11 @@ def run_worker(
                 result = process_batch(stage, claim.rows, cfg)
             written = pg.write_results(conn, job, claim.token, result, report.worker)
             if written < claim.rows.num_rows:
-                log.warning("%s: %d rows of a batch were taken back before it finished", report.worker, claim.rows.num_rows - written)
+                log.warning(
+                    "%s: %d rows of a batch were taken back before it finished",
+                    report.worker,
+                    claim.rows.num_rows - written,
+                )
             report.batches += 1
             report.rows += claim.rows.num_rows
             report.kept += result.kept.num_rows

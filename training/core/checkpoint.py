@@ -19,7 +19,14 @@ from training.core.data import DataPosition
 
 STATE_FILE = "train_state.json"
 MANIFEST = "checksums.json"
-EXPORT_FILES = ("config.json", "model.safetensors", STATE_FILE, "train_data.json", "heldout.json", "sampler.json")  # what sampling and evaluation read
+EXPORT_FILES = (
+    "config.json",
+    "model.safetensors",
+    STATE_FILE,
+    "train_data.json",
+    "heldout.json",
+    "sampler.json",
+)  # what sampling and evaluation read
 
 
 @dataclass(frozen=True)
@@ -57,7 +64,9 @@ def write_export_manifest(folder: Path) -> Path:
     from training.core.manifest import signing_key, write_manifest
 
     folder = Path(folder)
-    return write_manifest(folder, MANIFEST, [f for f in EXPORT_FILES if (folder / f).is_file()], signing_key(), {"kind": "export"})
+    return write_manifest(
+        folder, MANIFEST, [f for f in EXPORT_FILES if (folder / f).is_file()], signing_key(), {"kind": "export"}
+    )
 
 
 def verify_export(folder: Path) -> bool:

@@ -154,10 +154,18 @@ class TrainSet:
         for form in self.drawable_forms():
             missing = [i for i in self._where if form not in self.forms.get(i, {})]
             if missing:
-                raise ValueError(f"caption form {form!r} (probability {self.form_probs[form]}) is missing on {len(missing)} rows, e.g. {missing[0]}")
+                raise ValueError(
+                    f"caption form {form!r} (probability {self.form_probs[form]}) is missing on {len(missing)} rows, e.g. {missing[0]}"
+                )
 
     @classmethod
-    def from_table(cls, table: pa.Table, max_batch_size: int, exclude_ids: set[str] | None = None, form_probs: dict[str, float] | None = None) -> "TrainSet":
+    def from_table(
+        cls,
+        table: pa.Table,
+        max_batch_size: int,
+        exclude_ids: set[str] | None = None,
+        form_probs: dict[str, float] | None = None,
+    ) -> "TrainSet":
         if exclude_ids:
             table = table.filter(pc.invert(pc.is_in(table.column("id"), pa.array(sorted(exclude_ids)))))
         batches: list[Batch] = []
@@ -184,14 +192,29 @@ class TrainSet:
         return cls(batches, max_batch_size, forms, weights, form_probs)
 
     @classmethod
-    def from_dir(cls, data_dir: Path, max_batch_size: int, holdout: int = 0, form_probs: dict[str, float] | None = None, init_from: Path | str | None = None) -> "TrainSet":
+    def from_dir(
+        cls,
+        data_dir: Path,
+        max_batch_size: int,
+        holdout: int = 0,
+        form_probs: dict[str, float] | None = None,
+        init_from: Path | str | None = None,
+    ) -> "TrainSet":
         """Hold out `holdout` rows, or the rows `init_from`'s run held out (choose_heldout); `held_out` says which."""
         table = read_train_table(data_dir)
         ids = set(table.column("id").to_pylist())
         held = choose_heldout(ids, holdout, init_from)
-        if ids and ids <= held:  # else the trainer would fail later with "no training row has a positive sampling weight"
-            why = f"the {len(held)} rows {init_from} held out" if read_heldout(init_from) is not None else f"train.holdout={holdout}"
-            raise ConfigError(f"{why}: no row is left to train on, the train set {data_dir} has {len(ids)} rows (train.holdout must be below that)")
+        if (
+            ids and ids <= held
+        ):  # else the trainer would fail later with "no training row has a positive sampling weight"
+            why = (
+                f"the {len(held)} rows {init_from} held out"
+                if read_heldout(init_from) is not None
+                else f"train.holdout={holdout}"
+            )
+            raise ConfigError(
+                f"{why}: no row is left to train on, the train set {data_dir} has {len(ids)} rows (train.holdout must be below that)"
+            )
         out = cls.from_table(table, max_batch_size, held, form_probs)
         out.held_out = held
         return out
@@ -251,7 +274,11 @@ class TrainSet:
         if key not in self._plans:
             if len(self._plans) >= 4:  # the stream moves forward: old epochs are not asked for again
                 self._plans.clear()
-            self._plans[key] = self._weighted_epoch(epoch, seed) if self.weighted else [self.batches[k].ids for k in self.epoch_order(epoch, seed)]
+            self._plans[key] = (
+                self._weighted_epoch(epoch, seed)
+                if self.weighted
+                else [self.batches[k].ids for k in self.epoch_order(epoch, seed)]
+            )
         return self._plans[key]
 
     def _weighted_epoch(self, epoch: int, seed: int) -> list[tuple[str, ...]]:
@@ -271,7 +298,9 @@ class TrainSet:
         """Batches in one epoch: what `next_position` needs to know when an epoch ends."""
         return len(self.epoch_batches(epoch, seed))
 
-    def planned(self, seed: int, start: DataPosition = DataPosition()) -> Iterator[tuple[DataPosition, tuple[str, ...]]]:
+    def planned(
+        self, seed: int, start: DataPosition = DataPosition()
+    ) -> Iterator[tuple[DataPosition, tuple[str, ...]]]:
         """Endless (position, row ids) from `start`, without pixels: the stream's plan."""
         epoch, index = start.epoch, start.batch
         while True:
@@ -288,7 +317,11 @@ class TrainSet:
     def _batch(self, ids: tuple[str, ...], seed: int, pos: DataPosition) -> Batch:
         packed = self._packed.get(ids)
         first = self.batches[self._where[ids[0]][0]]
-        pixels = packed.pixels if packed is not None else np.stack([self.batches[k].pixels[j] for k, j in map(self._where.__getitem__, ids)])
+        pixels = (
+            packed.pixels
+            if packed is not None
+            else np.stack([self.batches[k].pixels[j] for k, j in map(self._where.__getitem__, ids)])
+        )
         return Batch(ids, tuple(self.caption_text(i, seed, pos.epoch) for i in ids), first.bucket, pixels, pos)
 
     def form_counts(self, seed: int, batches: int) -> dict[str, int]:

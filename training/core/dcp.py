@@ -136,7 +136,9 @@ def verify_step(path: Path, key: bytes, trust_unsigned: bool = False, rank: int 
         except CheckpointUntrusted:
             if not trust_unsigned:
                 raise
-            log.warning("%s: no checksums for rank %d's files (trusted by train.dcp.trust_unsigned, not verified)", path, r)
+            log.warning(
+                "%s: no checksums for rank %d's files (trusted by train.dcp.trust_unsigned, not verified)", path, r
+            )
     names = sorted(files)
     verify_files(path, {"files": {n: files[n] for n in names[rank::world]}})
 
@@ -166,8 +168,14 @@ class Checkpointer:
     saves resumes from the newest one it wrote. The thread does file work only, no collectives."""
 
     def __init__(
-        self, out_dir: Path, keep: int = 3, async_save: bool = True, mesh_facts: dict | None = None, aux: dict | None = None,
-        train_set_version: str | None = None, policy: LoadPolicy = LoadPolicy(),
+        self,
+        out_dir: Path,
+        keep: int = 3,
+        async_save: bool = True,
+        mesh_facts: dict | None = None,
+        aux: dict | None = None,
+        train_set_version: str | None = None,
+        policy: LoadPolicy = LoadPolicy(),
     ):
         """`aux`: {name: (module, optimiser)} saved and restored with the model (trained parts that are
         not the Generator's, such as the REPA projector). `train_set_version` is recorded with each save
@@ -191,12 +199,22 @@ class Checkpointer:
     def save(self, model, opt, run: RunState) -> Path:
         self.wait()
         path = step_dir(self.out_dir, run.step)
-        if _rank() == 0 and path.exists():  # an earlier attempt at this step (killed mid-save, or corrupt): not a byte of it stays
+        if (
+            _rank() == 0 and path.exists()
+        ):  # an earlier attempt at this step (killed mid-save, or corrupt): not a byte of it stays
             shutil.rmtree(path)  # peers write only after rank 0 has planned (and made the folder again)
         state = _state(model, opt, run, self.aux)
         if self.async_save:
-            future = dcp.async_save(state, checkpoint_id=str(path), storage_writer=StepWriter(path), process_group=self._cpu_group(), no_dist=not dist.is_initialized())
-            self._thread = threading.Thread(target=self._complete_when_written, args=(future, path, run), name=f"kiln-dcp-{run.step}", daemon=True)
+            future = dcp.async_save(
+                state,
+                checkpoint_id=str(path),
+                storage_writer=StepWriter(path),
+                process_group=self._cpu_group(),
+                no_dist=not dist.is_initialized(),
+            )
+            self._thread = threading.Thread(
+                target=self._complete_when_written, args=(future, path, run), name=f"kiln-dcp-{run.step}", daemon=True
+            )
             self._thread.start()
         else:
             dcp.save(state, checkpoint_id=str(path), storage_writer=StepWriter(path), no_dist=not dist.is_initialized())
@@ -230,11 +248,22 @@ class Checkpointer:
             return
         _await_manifests(path, range(1, world))
         meta = {
-            "step": run.step, "position": run.position.to_dict(), "loss_ema": run.loss_ema, "last_loss": run.last_loss,
-            "world_size": world, "train_set_version": self.train_set_version,
+            "step": run.step,
+            "position": run.position.to_dict(),
+            "loss_ema": run.loss_ema,
+            "last_loss": run.last_loss,
+            "world_size": world,
+            "train_set_version": self.train_set_version,
         } | self.mesh_facts
         text = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
-        write_manifest(path, manifest_name(0), [*shards, ".metadata"], self._key, {"step": run.step, "rank": 0}, pending={META: text})
+        write_manifest(
+            path,
+            manifest_name(0),
+            [*shards, ".metadata"],
+            self._key,
+            {"step": run.step, "rank": 0},
+            pending={META: text},
+        )
         tmp = path / f".{META}.tmp"
         tmp.write_bytes(text)
         os.replace(tmp, path / META)
@@ -272,20 +301,33 @@ class Checkpointer:
             problems.append(problem)
             log.warning("resume: skipping %s: %s", path.name, problem)
         else:
-            hint = "" if self.policy.trust_unsigned else " (checkpoints from elsewhere: train.dcp.trust_unsigned=true, see docs/training.md)"
-            raise CheckpointCorrupt(f"no checkpoint in {self.out_dir / DCP_DIR} can be resumed{hint}:\n  " + "\n  ".join(problems))
+            hint = (
+                ""
+                if self.policy.trust_unsigned
+                else " (checkpoints from elsewhere: train.dcp.trust_unsigned=true, see docs/training.md)"
+            )
+            raise CheckpointCorrupt(
+                f"no checkpoint in {self.out_dir / DCP_DIR} can be resumed{hint}:\n  " + "\n  ".join(problems)
+            )
         if problems and _rank() == 0:
             log.warning("resume: falling back to %s", path.name)
         meta = json.loads((path / META).read_text())
         for key, value in self.mesh_facts.items():
             if meta.get(key) != value:
-                raise ResumeMismatch(f"{path} was saved with {key}={meta.get(key)}, this run has {value}: resume with the same layout")
+                raise ResumeMismatch(
+                    f"{path} was saved with {key}={meta.get(key)}, this run has {value}: resume with the same layout"
+                )
         self._check_train_set(path, meta.get("train_set_version"))
         state = _state(model, opt, RunState(0, DataPosition()), self.aux)
         safe_load(state, path, no_dist=not dist.is_initialized())
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
         for name, (module, module_opt) in self.aux.items():
-            set_state_dict(module, module_opt, model_state_dict=state[f"aux_{name}_model"], optim_state_dict=state[f"aux_{name}_optim"])
+            set_state_dict(
+                module,
+                module_opt,
+                model_state_dict=state[f"aux_{name}_model"],
+                optim_state_dict=state[f"aux_{name}_optim"],
+            )
         extra = state["extra"]
         torch.set_rng_state(extra[f"rng_cpu_rank{_rank()}"])
         if f"rng_cuda_rank{_rank()}" in extra:
@@ -315,9 +357,13 @@ class Checkpointer:
     def _check_train_set(self, path: Path, saved: str | None) -> None:
         if self.train_set_version is None or saved == self.train_set_version:
             return
-        what = f"{path} was trained on train set {saved or 'of unknown version'}, this run reads {self.train_set_version}"
+        what = (
+            f"{path} was trained on train set {saved or 'of unknown version'}, this run reads {self.train_set_version}"
+        )
         if not self.policy.allow_train_set_change:
-            raise ResumeMismatch(f"{what}: resume on the data it was trained on, or set train.dcp.allow_train_set_change=true to continue on this one")
+            raise ResumeMismatch(
+                f"{what}: resume on the data it was trained on, or set train.dcp.allow_train_set_change=true to continue on this one"
+            )
         if _rank() == 0:
             log.warning("resume: %s (allowed by train.dcp.allow_train_set_change)", what)
 

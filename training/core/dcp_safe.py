@@ -47,9 +47,13 @@ class _MetadataUnpickler(pickle.Unpickler):
             return getattr(pathlib, name) if module == "pathlib" else super().find_class(module, name)
         if module in _DCP_MODULES:
             obj = super().find_class(module, name)
-            if isinstance(obj, type) and obj.__module__ == module:  # a class DCP defines there, not a re-export (os, pickle...)
+            if (
+                isinstance(obj, type) and obj.__module__ == module
+            ):  # a class DCP defines there, not a re-export (os, pickle...)
                 return obj
-        raise UnsafeCheckpoint(f"checkpoint metadata names {module}.{name}, which is not one of DCP's metadata classes: refusing to load it")
+        raise UnsafeCheckpoint(
+            f"checkpoint metadata names {module}.{name}, which is not one of DCP's metadata classes: refusing to load it"
+        )
 
 
 def load_metadata(path) -> Any:
@@ -82,7 +86,9 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             obj = torch.load(value, weights_only=True)
         except pickle.UnpicklingError as e:
             why = next((line.strip() for line in str(e).splitlines() if "Unsupported global" in line), "not plain data")
-            raise UnsafeCheckpoint(f"the pickled value {read_item.dest_index.fqn} is refused by weights_only loading ({why})") from None
+            raise UnsafeCheckpoint(
+                f"the pickled value {read_item.dest_index.fqn} is refused by weights_only loading ({why})"
+            ) from None
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
         else:

@@ -58,13 +58,17 @@ def build_ranks(tp: int, device_type: str):
     """(mesh, Ranks): the 2-D ("dp_shard", "tp") mesh of a distributed job, or (None, SINGLE) for one process."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         if tp != 1:
-            raise ValueError(f"parallel.tp={tp} needs {tp} or more processes (torchrun, or a Slurm job with that many tasks)")
+            raise ValueError(
+                f"parallel.tp={tp} needs {tp} or more processes (torchrun, or a Slurm job with that many tasks)"
+            )
         return None, SINGLE
     from training.core.parallel import build_mesh
 
     mesh = build_mesh(dist.get_world_size(), tp, device_type)
     dp = mesh["dp_shard"]
-    return mesh, Ranks(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")), dp.get_local_rank(), dp.size())
+    return mesh, Ranks(
+        dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")), dp.get_local_rank(), dp.size()
+    )
 
 
 def local_rows(batch: int, dp_rank: int, dp_size: int) -> slice:
@@ -112,7 +116,9 @@ def full_model_state(gen, tp: int) -> dict[str, torch.Tensor]:
     return canonical_state_dict(full, gen, tp) if full else {}
 
 
-def export_checkpoint(gen, out_dir: Path, cfg: KilnConfig, data: TrainSet, run: RunState, tp: int, rank: int, sharded: bool) -> None:
+def export_checkpoint(
+    gen, out_dir: Path, cfg: KilnConfig, data: TrainSet, run: RunState, tp: int, rank: int, sharded: bool
+) -> None:
     """The single-process checkpoint folder (config.json, model.safetensors in the canonical layout,
     train_state.json) from the trained model, sharded or not: what sampling, evaluation and PMA read."""
     from training.core.checkpoint import STATE_FILE, TrainState
@@ -128,7 +134,14 @@ def export_checkpoint(gen, out_dir: Path, cfg: KilnConfig, data: TrainSet, run: 
         plain.load_state_dict(state, strict=True)
     plain.save_pretrained(out_dir)
     ts = TrainState(
-        step=run.step, position=run.position, final_loss=run.last_loss, loss_ema=run.loss_ema, bucket=data.main_bucket(),
-        rows=data.num_rows, holdout=cfg.train.holdout, num_params=plain.num_params(), config=cfg.model_dump(mode="json"),
+        step=run.step,
+        position=run.position,
+        final_loss=run.last_loss,
+        loss_ema=run.loss_ema,
+        bucket=data.main_bucket(),
+        rows=data.num_rows,
+        holdout=cfg.train.holdout,
+        num_params=plain.num_params(),
+        config=cfg.model_dump(mode="json"),
     )
     (Path(out_dir) / STATE_FILE).write_text(ts.to_json())

@@ -20,7 +20,9 @@ def write_final_checkpoint(last_rung: Path, k: int, out: Path) -> Path:
     for name in RECORDS:
         if (Path(last_rung) / name).exists():
             shutil.copyfile(Path(last_rung) / name, out / name)
-    write_export_manifest(out)  # the copied held-out ids and data record are under the folder's checksums (EXPORT_FILES)
+    write_export_manifest(
+        out
+    )  # the copied held-out ids and data record are under the folder's checksums (EXPORT_FILES)
     return out
 
 

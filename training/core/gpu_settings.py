@@ -79,7 +79,9 @@ def attention_kernel_problem(name: str, device: str, dtype: torch.dtype, head_di
     keys[:, -1] = False
     try:
         with attention_context(name):
-            out = torch.nn.functional.scaled_dot_product_attention(q, kv, kv, attn_mask=attention_bias(keys, dtype), enable_gqa=gqa)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, kv, kv, attn_mask=attention_bias(keys, dtype), enable_gqa=gqa
+            )
             out.sum().backward()
     except RuntimeError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -94,18 +96,32 @@ def gpu_setting_problems(tc: TrainConfig, machine: Machine, head_dim: int, gqa: 
         out.append(("train.device", f"{tc.device} but this machine has no CUDA device"))
     if p.float8:
         if not machine.cuda:
-            out.append(("train.parallel.float8", "float8 needs a CUDA device of capability 8.9+ and this machine has none"))
+            out.append(
+                ("train.parallel.float8", "float8 needs a CUDA device of capability 8.9+ and this machine has none")
+            )
         elif machine.capability is not None and machine.capability < FLOAT8_MIN_CAPABILITY:
             cap = ".".join(map(str, machine.capability))
-            out.append(("train.parallel.float8", f"float8 needs CUDA capability 8.9+ (Ada, Hopper or later); {machine.gpu_name} is {cap}"))
+            out.append(
+                (
+                    "train.parallel.float8",
+                    f"float8 needs CUDA capability 8.9+ (Ada, Hopper or later); {machine.gpu_name} is {cap}",
+                )
+            )
         if not machine.torchao:
             out.append(("train.parallel.float8", "float8 needs torchao: pip install 'kiln[gpu]'"))
     if p.async_tp and not (machine.cuda and machine.symmetric_memory):
         out.append(("train.parallel.async_tp", "async TP needs CUDA and torch.distributed._symmetric_memory"))
     if p.attention != "auto":
         if tc.device.startswith("cuda") and not machine.cuda:
-            out.append(("train.parallel.attention", f"the {p.attention} SDPA backend was asked for on {tc.device} and this machine has no CUDA device"))
-        elif why := attention_kernel_problem(p.attention, tc.device, torch.bfloat16 if tc.device.startswith("cuda") else torch.float32, head_dim, gqa):
+            out.append(
+                (
+                    "train.parallel.attention",
+                    f"the {p.attention} SDPA backend was asked for on {tc.device} and this machine has no CUDA device",
+                )
+            )
+        elif why := attention_kernel_problem(
+            p.attention, tc.device, torch.bfloat16 if tc.device.startswith("cuda") else torch.float32, head_dim, gqa
+        ):
             out.append(("train.parallel.attention", why))
     return out
 
@@ -116,7 +132,9 @@ def check_gpu_settings(cfg: KilnConfig, machine: Machine | None = None) -> None:
 
     size = get_size(cfg.model.size)
     kv_heads = cfg.model.kv_heads or size.kv_heads
-    problems = gpu_setting_problems(cfg.train, machine or Machine.probe(), size.width // size.heads, kv_heads != size.heads)
+    problems = gpu_setting_problems(
+        cfg.train, machine or Machine.probe(), size.width // size.heads, kv_heads != size.heads
+    )
     if problems:
         lines = "\n".join(f"  {key}: {what}" for key, what in problems)
         raise ConfigError(f"this machine cannot run the training config:\n{lines}")

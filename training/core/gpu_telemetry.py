@@ -89,7 +89,16 @@ class GpuMonitor:
 
 
 # dense bf16 tensor-core peaks (TFLOP/s) by device name, for MFU when train.telemetry.peak_tflops is unset
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0, "B200": 2250.0, "GH200": 989.0}
+PEAK_BF16_TFLOPS = {
+    "H200": 989.0,
+    "H100": 989.0,
+    "H800": 989.0,
+    "A100": 312.0,
+    "A800": 312.0,
+    "L40S": 362.0,
+    "B200": 2250.0,
+    "GH200": 989.0,
+}
 
 
 def peak_tflops(device_type: str, configured: float | None) -> float | None:

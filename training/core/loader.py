@@ -46,7 +46,9 @@ def loader_workers(configured: int | None, device_type: str) -> int:
 class Prefetcher:
     """Ordered, bounded read-ahead over an endless batch stream; `workers=0` prepares in the caller."""
 
-    def __init__(self, stream: Iterator[Batch], prepare: Callable[[Batch], StepInput], workers: int = 1, depth: int | None = None):
+    def __init__(
+        self, stream: Iterator[Batch], prepare: Callable[[Batch], StepInput], workers: int = 1, depth: int | None = None
+    ):
         self.stream, self.prepare = stream, prepare
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="kiln-loader") if workers > 0 else None
         self.depth = depth if depth is not None else workers + 1

@@ -57,7 +57,9 @@ def signing_key() -> bytes:
             finally:
                 tmp.unlink()
         except OSError as e:
-            raise OSError(f"cannot create the checkpoint signing key {path} ({e}): set {KEY_ENV} to a writable file path") from e
+            raise OSError(
+                f"cannot create the checkpoint signing key {path} ({e}): set {KEY_ENV} to a writable file path"
+            ) from e
     key = bytes.fromhex(path.read_text().strip())
     if len(key) < 16:
         raise ValueError(f"checkpoint signing key {path} is too short: delete it to make a new one")
@@ -76,14 +78,24 @@ def _body_bytes(body: dict) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
-def write_manifest(folder: Path, name: str, files: list[str], key: bytes, facts: dict | None = None, pending: dict[str, bytes] | None = None) -> Path:
+def write_manifest(
+    folder: Path,
+    name: str,
+    files: list[str],
+    key: bytes,
+    facts: dict | None = None,
+    pending: dict[str, bytes] | None = None,
+) -> Path:
     """Hash `files` (names inside `folder`) into the signed manifest `folder/name`, written atomically.
     `pending`: {name: bytes} of files written after the manifest (a completion mark that must come last)."""
     folder = Path(folder)
     listed = {f: {"bytes": (folder / f).stat().st_size, "sha256": file_digest(folder / f)} for f in files}
     listed |= {f: {"bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()} for f, b in (pending or {}).items()}
     body = {"format": FORMAT, "files": dict(sorted(listed.items()))} | (facts or {})
-    text = json.dumps(body | {"hmac": hmac.new(key, _body_bytes(body), "sha256").hexdigest()}, indent=2, sort_keys=True) + "\n"
+    text = (
+        json.dumps(body | {"hmac": hmac.new(key, _body_bytes(body), "sha256").hexdigest()}, indent=2, sort_keys=True)
+        + "\n"
+    )
     tmp = folder / f".{name}.tmp"
     tmp.write_text(text)
     os.replace(tmp, folder / name)
@@ -94,7 +106,9 @@ def read_manifest(path: Path, key: bytes | None, trust_unsigned: bool = False) -
     """The manifest's body. With `key`, its HMAC must match (unless `trust_unsigned`)."""
     path = Path(path)
     if not path.exists():
-        raise CheckpointUntrusted(f"{path.parent} has no checksum manifest {path.name}: kiln did not write it (or it predates checksums)")
+        raise CheckpointUntrusted(
+            f"{path.parent} has no checksum manifest {path.name}: kiln did not write it (or it predates checksums)"
+        )
     try:
         doc = json.loads(path.read_text())
         body = {k: v for k, v in doc.items() if k != "hmac"}
@@ -105,7 +119,9 @@ def read_manifest(path: Path, key: bytes | None, trust_unsigned: bool = False) -
     if key is not None and not trust_unsigned:
         expected = hmac.new(key, _body_bytes(body), "sha256").hexdigest()
         if not hmac.compare_digest(str(doc.get("hmac", "")), expected):
-            raise CheckpointUntrusted(f"{path} is not signed with this user's checkpoint key ({key_path()}): a checkpoint from elsewhere, or edited")
+            raise CheckpointUntrusted(
+                f"{path} is not signed with this user's checkpoint key ({key_path()}): a checkpoint from elsewhere, or edited"
+            )
     return body
 
 

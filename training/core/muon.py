@@ -24,7 +24,15 @@ import math
 import torch
 from torch import Tensor, nn
 
-ADAMW_PREFIXES = ("dit.patch_embed", "dit.time_embed", "dit.shared_modulation", "dit.timestep_tokens", "dit.final", "text_fusion.proj", "text_fusion.layer_attention")
+ADAMW_PREFIXES = (
+    "dit.patch_embed",
+    "dit.time_embed",
+    "dit.shared_modulation",
+    "dit.timestep_tokens",
+    "dit.final",
+    "text_fusion.proj",
+    "text_fusion.layer_attention",
+)
 
 
 def newton_schulz(g: Tensor, steps: int = 5, eps: float = 1e-7) -> Tensor:
@@ -43,7 +51,13 @@ def newton_schulz(g: Tensor, steps: int = 5, eps: float = 1e-7) -> Tensor:
 
 def uses_muon(name: str, p: Tensor) -> bool:
     in_block = ".blocks." in name or ".refiner." in name
-    return p.dim() == 2 and name.endswith(".weight") and in_block and ".modulation." not in name and not name.startswith(ADAMW_PREFIXES)
+    return (
+        p.dim() == 2
+        and name.endswith(".weight")
+        and in_block
+        and ".modulation." not in name
+        and not name.startswith(ADAMW_PREFIXES)
+    )
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -79,8 +93,27 @@ def _like(full: Tensor, p: Tensor) -> Tensor:
 
 
 class Muon(torch.optim.Optimizer):
-    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5, betas=(0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.0):
-        defaults = {"lr": lr, "momentum": momentum, "nesterov": nesterov, "ns_steps": ns_steps, "betas": betas, "eps": eps, "weight_decay": weight_decay, "use_muon": False}
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+        betas=(0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ):
+        defaults = {
+            "lr": lr,
+            "momentum": momentum,
+            "nesterov": nesterov,
+            "ns_steps": ns_steps,
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "use_muon": False,
+        }
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -142,4 +175,10 @@ def _make_optimizer(model: nn.Module, cfg) -> torch.optim.Optimizer:
         groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=cfg.optim.adam_eps, foreach=False)
     o = cfg.optim
-    return Muon(param_groups(model, cfg.weight_decay), lr=cfg.lr, momentum=o.muon_momentum, nesterov=o.muon_nesterov, ns_steps=o.muon_ns_steps)
+    return Muon(
+        param_groups(model, cfg.weight_decay),
+        lr=cfg.lr,
+        momentum=o.muon_momentum,
+        nesterov=o.muon_nesterov,
+        ns_steps=o.muon_ns_steps,
+    )

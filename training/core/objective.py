@@ -24,7 +24,9 @@ def timestep_shift(num_tokens: int, base_shift: float, max_shift: float) -> floa
     return max(resolution_shift(num_tokens, base_shift=base_shift, max_shift=max_shift), base_shift / 4)
 
 
-def sample_timesteps(batch: int, generator: torch.Generator, mean: float, std: float, shift: float, device: torch.device | str) -> Tensor:
+def sample_timesteps(
+    batch: int, generator: torch.Generator, mean: float, std: float, shift: float, device: torch.device | str
+) -> Tensor:
     return shift_timesteps(sample_logit_normal(batch, generator, mean, std, device), shift)
 
 
@@ -39,6 +41,8 @@ def drop_captions(text, null_text, p: float, generator: torch.Generator):
 def flow_loss(gen, x0: Tensor, eps: Tensor, t: Tensor, text, route=None) -> Tensor:
     """Per-sample MSE between predicted and target velocity, [B] in fp32. `route`: the step's token routing
     (model/routing.py, training only), None = every token through every block."""
-    pred = gen(interpolate(x0, eps, t), t, text) if route is None else gen(interpolate(x0, eps, t), t, text, route=route)
+    pred = (
+        gen(interpolate(x0, eps, t), t, text) if route is None else gen(interpolate(x0, eps, t), t, text, route=route)
+    )
     err = F.mse_loss(pred.float(), velocity_target(x0, eps).float(), reduction="none")
     return err.flatten(1).mean(1)

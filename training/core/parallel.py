@@ -112,8 +112,14 @@ def block_plan(sequence_parallel: bool) -> dict:
         plan |= {
             "norm1": SequenceParallel(use_local_output=True),
             "norm2": SequenceParallel(use_local_output=True),
-            "attn": PrepareModuleInput(input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None), use_local_output=True),
-            "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True),
+            "attn": PrepareModuleInput(
+                input_layouts=(Shard(1), None, None),
+                desired_input_layouts=(Replicate(), None, None),
+                use_local_output=True,
+            ),
+            "mlp": PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+            ),
         }
     return plan
 
@@ -122,7 +128,10 @@ def qk_norm_plan() -> dict:
     from torch.distributed.tensor.parallel import SequenceParallel
 
     # q/k are [B, S, heads, head_dim] when normed: the local heads are a Shard(2) of all heads
-    return {"attn.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True), "attn.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True)}
+    return {
+        "attn.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+        "attn.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+    }
 
 
 class _SumGradOverGroup(torch.autograd.Function):
@@ -172,8 +181,18 @@ def apply_tp(model: nn.Module, tp_mesh, sequence_parallel: bool = False) -> None
             if block.modulation is not None:
                 block.modulation.register_forward_hook(sum_grad_over_tp(tp_mesh))
         rest = (None,) * 4
-        parallelize_module(blocks[0], tp_mesh, PrepareModuleInput(input_layouts=(Replicate(), *rest), desired_input_layouts=(Shard(1), *rest), use_local_output=True))
-        parallelize_module(blocks[-1], tp_mesh, PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True))
+        parallelize_module(
+            blocks[0],
+            tp_mesh,
+            PrepareModuleInput(
+                input_layouts=(Replicate(), *rest), desired_input_layouts=(Shard(1), *rest), use_local_output=True
+            ),
+        )
+        parallelize_module(
+            blocks[-1],
+            tp_mesh,
+            PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True),
+        )
 
 
 # ----------------------------------------------------------------------------- activation checkpointing
@@ -183,8 +202,12 @@ def _selective_policy():
 
     aten = torch.ops.aten
     save = {
-        aten.mm.default, aten.addmm.default, aten.bmm.default, aten._scaled_dot_product_flash_attention.default,
-        aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
+        aten.mm.default,
+        aten.addmm.default,
+        aten.bmm.default,
+        aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_efficient_attention.default,
+        aten._scaled_dot_product_flash_attention_for_cpu.default,
     }
 
     def policy(ctx, op, *args, **kwargs):
@@ -214,7 +237,9 @@ def apply_compile(blocks: nn.ModuleList, device_type: str, distributed: bool) ->
     (`Module.compile`): a forward that activation checkpointing replaced is not traced through the module's
     call and would silently run eager. DTensor + compile on CPU gives wrong gradients: refused."""
     if distributed and device_type == "cpu":
-        raise ValueError("parallel.compile with FSDP2/TP on CPU gives wrong gradients (docs/training-at-scale.md, torch.compile): compile single-process on CPU, or on GPU")
+        raise ValueError(
+            "parallel.compile with FSDP2/TP on CPU gives wrong gradients (docs/training-at-scale.md, torch.compile): compile single-process on CPU, or on GPU"
+        )
     for block in blocks:
         block.forward = torch.compile(block.forward)
 
@@ -245,8 +270,12 @@ def apply_float8(model: nn.Module, cfg: ParallelConfig, device_type: str) -> int
     keep = float8_filter(cfg.float8_min_dim)
     n = sum(keep(m, name) for name, m in model.named_modules())
     if n == 0:
-        raise ValueError(f"parallel.float8: no DiT Linear has both sides >= float8_min_dim={cfg.float8_min_dim}; lower it or turn float8 off")
-    convert_to_float8_training(model, module_filter_fn=keep, config=Float8LinearConfig.from_recipe_name(cfg.float8_recipe))
+        raise ValueError(
+            f"parallel.float8: no DiT Linear has both sides >= float8_min_dim={cfg.float8_min_dim}; lower it or turn float8 off"
+        )
+    convert_to_float8_training(
+        model, module_filter_fn=keep, config=Float8LinearConfig.from_recipe_name(cfg.float8_recipe)
+    )
     log.info("parallel.float8: %d Linears in float8 (%s scaling)", n, cfg.float8_recipe)
     return n
 

@@ -23,7 +23,13 @@ def ema(values: Sequence[float], beta: float = 0.9) -> list[float]:
 def plot_loss(records: list[dict], path: Path) -> Image.Image:
     steps = [r["step"] for r in records]
     losses = [r["loss"] for r in records]
-    return line_plot({"loss": losses, "loss (ema)": ema(losses)}, x=steps, title="training loss (v-prediction MSE)", path=path, logy=True)
+    return line_plot(
+        {"loss": losses, "loss (ema)": ema(losses)},
+        x=steps,
+        title="training loss (v-prediction MSE)",
+        path=path,
+        logy=True,
+    )
 
 
 def sample_grid(images: np.ndarray, prompts: Sequence[str], cell: int = 96, label_width: int = 180) -> Image.Image:

@@ -52,8 +52,15 @@ def average_checkpoints(sources: list[Path], out_dir: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(configs[-1], indent=2, sort_keys=True) + "\n")
     save_file(avg, str(out / "model.safetensors"), metadata={"format": FORMAT})
-    steps = [json.loads((Path(s) / "train_state.json").read_text())["step"] if (Path(s) / "train_state.json").exists() else None for s in sources]
-    (out / "pma.json").write_text(json.dumps({"sources": [str(s) for s in sources], "steps": steps, "k": len(sources)}, indent=2) + "\n")
+    steps = [
+        json.loads((Path(s) / "train_state.json").read_text())["step"]
+        if (Path(s) / "train_state.json").exists()
+        else None
+        for s in sources
+    ]
+    (out / "pma.json").write_text(
+        json.dumps({"sources": [str(s) for s in sources], "steps": steps, "k": len(sources)}, indent=2) + "\n"
+    )
     write_export_manifest(out)
     return out
 
@@ -89,7 +96,10 @@ def average_steps(steps: list[Path], gen, trust_unsigned: bool = False) -> dict[
 def write_pma_record(out: Path, steps: list[Path], k: int) -> None:
     """pma.json: the step checkpoints averaged, their steps, and the k asked for."""
     numbers = [json.loads((s / "train_state.json").read_text())["step"] for s in steps]
-    (out / "pma.json").write_text(json.dumps({"sources": [str(s) for s in steps], "steps": numbers, "k": len(steps), "asked_k": k}, indent=2) + "\n")
+    (out / "pma.json").write_text(
+        json.dumps({"sources": [str(s) for s in steps], "steps": numbers, "k": len(steps), "asked_k": k}, indent=2)
+        + "\n"
+    )
 
 
 def pma_from_run(run_dir: Path, k: int, out_dir: Path, trust_unsigned: bool = False) -> Path:

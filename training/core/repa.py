@@ -44,7 +44,11 @@ class Teacher(nn.Module):
         self.model = AutoModel.from_pretrained(str(path)).eval().requires_grad_(False)
         if hasattr(self.model, "vision_model"):
             self.model = self.model.vision_model
-        self.image_size, self.patch_size, self.dim = int(vision.image_size), int(vision.patch_size), int(vision.hidden_size)
+        self.image_size, self.patch_size, self.dim = (
+            int(vision.image_size),
+            int(vision.patch_size),
+            int(vision.hidden_size),
+        )
 
     @torch.no_grad()
     def forward(self, images: Tensor) -> Tensor:
@@ -118,7 +122,13 @@ class Projector(nn.Module):
         super().__init__()
         self.kind = kind
         if kind == "mlp":
-            self.net = nn.Sequential(nn.Linear(width, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, teacher_dim))
+            self.net = nn.Sequential(
+                nn.Linear(width, hidden),
+                nn.SiLU(),
+                nn.Linear(hidden, hidden),
+                nn.SiLU(),
+                nn.Linear(hidden, teacher_dim),
+            )
         elif kind == "conv":
             self.net = nn.Conv2d(width, teacher_dim, kernel_size=3, padding=1)
         else:
@@ -170,11 +180,17 @@ class Repa(nn.Module):
             raise ValueError("train.repa.teacher_path is not set")
         self.cfg = cfg
         if cfg.teacher_path == CLASSICAL and cfg.projector == "conv":
-            raise ValueError("train.repa.teacher_path=classical gives one vector per image, which iREPA's normalisation over positions would zero: use projector=mlp")
+            raise ValueError(
+                "train.repa.teacher_path=classical gives one vector per image, which iREPA's normalisation over positions would zero: use projector=mlp"
+            )
         self.__dict__["teacher"] = make_teacher(cfg.teacher_path)  # frozen, not a submodule: never trained or saved
         self.projector = Projector(gen.dit_cfg.width, self.teacher.dim, cfg.hidden, cfg.projector)
         self.tap = BlockTap(gen.dit.blocks[cfg.block])
-        self.text_len, self.timestep_tokens, self.patch = gen.text_length, gen.dit_cfg.timestep_tokens, gen.dit_cfg.patch_size
+        self.text_len, self.timestep_tokens, self.patch = (
+            gen.text_length,
+            gen.dit_cfg.timestep_tokens,
+            gen.dit_cfg.patch_size,
+        )
 
     def loss(self, images: Tensor, latent_hw: tuple[int, int]) -> Tensor:
         """The term for the last forward of the Generator; images [B, 3, H, W] in [-1, 1] (the clean inputs)."""
@@ -192,13 +208,17 @@ class Repa(nn.Module):
             from torch.distributed.fsdp import fully_shard
 
             fully_shard(self.projector, mesh=mesh["dp_shard"])
-        return torch.optim.AdamW(self.projector.parameters(), lr=train_cfg.lr, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+        return torch.optim.AdamW(
+            self.projector.parameters(), lr=train_cfg.lr, betas=(0.9, 0.95), eps=1e-8, foreach=False
+        )
 
 
 def build_repa(gen: nn.Module, cfg: RepaConfig, parallel: ParallelConfig, device: torch.device) -> Repa:
     """The REPA term for a Generator about to be parallelised: the tap must be on the block before sharding."""
     if parallel.sequence_parallel:
-        raise ValueError("train.repa with parallel.sequence_parallel is not supported: the tapped block's tokens are sharded over the sequence")
+        raise ValueError(
+            "train.repa with parallel.sequence_parallel is not supported: the tapped block's tokens are sharded over the sequence"
+        )
     if not 0 <= cfg.block < len(gen.dit.blocks):
         raise ValueError(f"train.repa.block={cfg.block} but the DiT has {len(gen.dit.blocks)} blocks")
     repa = Repa(gen, cfg)

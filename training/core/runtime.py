@@ -57,7 +57,6 @@ def init_generator(model: ModelConfig, seed: int, device: torch.device | str = "
     return Generator.build(model).to(device)
 
 
-
 def earlier_checkpoints(out_dir: Path) -> list[Path]:
     """What an earlier run left in `out_dir` that a fresh run would replace: DCP step folders, an export."""
     out = Path(out_dir)
@@ -75,11 +74,15 @@ def prepare_output(out_dir: Path, resume: bool, overwrite: bool, rank: int = 0) 
 
     out_dir = Path(out_dir)
     if resume and overwrite:
-        raise ValueError("resume and overwrite exclude each other: --resume continues the run in the folder, --overwrite replaces it")
+        raise ValueError(
+            "resume and overwrite exclude each other: --resume continues the run in the folder, --overwrite replaces it"
+        )
     found = [] if resume else earlier_checkpoints(out_dir)
     if found and not overwrite:
         names = ", ".join(str(p.relative_to(out_dir)) for p in found[-3:])
-        raise FileExistsError(f"{out_dir} holds checkpoints of an earlier run ({names}): pass --resume to continue it, or --overwrite to replace it (train(..., resume=True / overwrite=True))")
+        raise FileExistsError(
+            f"{out_dir} holds checkpoints of an earlier run ({names}): pass --resume to continue it, or --overwrite to replace it (train(..., resume=True / overwrite=True))"
+        )
     if found and rank == 0:
         log.warning("train: --overwrite: removing the earlier run's checkpoints in %s", out_dir)
         shutil.rmtree(out_dir / "dcp", ignore_errors=True)
@@ -96,7 +99,9 @@ class NonFiniteTraining(RuntimeError):
 def require_finite_weights(gen, device: torch.device, refused: str) -> None:
     """Stop the run (NonFiniteTraining) before `refused` (a save, an export) writes NaN or inf weights anywhere."""
     if nonfinite_weights(gen, device):
-        raise NonFiniteTraining(f"{refused} refused: the weights hold NaN or inf (the run diverged, or its start did: lower the LR, check the data and the checkpoint)")
+        raise NonFiniteTraining(
+            f"{refused} refused: the weights hold NaN or inf (the run diverged, or its start did: lower the LR, check the data and the checkpoint)"
+        )
 
 
 def nonfinite_weights(gen, device: torch.device) -> int:

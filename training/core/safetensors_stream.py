@@ -93,7 +93,9 @@ class SafetensorsWriter:
             raise ValueError(f"{self.path}: tensors are written in sorted name order; got {name}, expected {expected}")
         dtype, shape = self.specs[name]
         if tensor.dtype != dtype or tuple(tensor.shape) != shape:
-            raise ValueError(f"{self.path}: {name} is {tensor.dtype} {tuple(tensor.shape)}, the header says {dtype} {shape}")
+            raise ValueError(
+                f"{self.path}: {name} is {tensor.dtype} {tuple(tensor.shape)}, the header says {dtype} {shape}"
+            )
         self._file.write(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         self._next += 1
 
@@ -101,7 +103,9 @@ class SafetensorsWriter:
         self._file.close()
         if self._next != len(self._order):
             self._tmp.unlink()
-            raise ValueError(f"{self.path}: {len(self._order) - self._next} tensors were not written (next: {self._order[self._next]})")
+            raise ValueError(
+                f"{self.path}: {len(self._order) - self._next} tensors were not written (next: {self._order[self._next]})"
+            )
         os.replace(self._tmp, self.path)
         return self.path
 

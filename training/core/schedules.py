@@ -4,7 +4,9 @@ branched off any stable-phase checkpoint, without re-planning the whole schedule
 from __future__ import annotations
 
 
-def wsd_lr(step: int, total_steps: int, base_lr: float, warmup_steps: int, decay_frac: float, min_lr_ratio: float = 0.0) -> float:
+def wsd_lr(
+    step: int, total_steps: int, base_lr: float, warmup_steps: int, decay_frac: float, min_lr_ratio: float = 0.0
+) -> float:
     """LR for optimiser step `step` (0-based): linear warmup to `base_lr`, flat, then a linear decay
     over the last `decay_frac` of `total_steps` down to `min_lr_ratio * base_lr`."""
     if total_steps <= 0:

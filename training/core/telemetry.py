@@ -32,8 +32,12 @@ class StepRecord:
     peak_tflops: float | None = None  # one device's peak, for MFU; None = unknown (CPU)
     repa_loss: float | None = None  # the REPA term, when it is on
     gpu: dict = field(default_factory=dict)  # NVML counters of this rank's GPU (training/core/gpu_telemetry.py)
-    rank_seconds: list[float] | None = None  # each rank's own step time, in rank order (distributed runs: training/core/stragglers.py)
-    stragglers: list[int] = field(default_factory=list)  # ranks slower than the median rank by train.telemetry.straggler_factor
+    rank_seconds: list[float] | None = (
+        None  # each rank's own step time, in rank order (distributed runs: training/core/stragglers.py)
+    )
+    stragglers: list[int] = field(
+        default_factory=list
+    )  # ranks slower than the median rank by train.telemetry.straggler_factor
 
     @property
     def samples_per_s(self) -> float:
@@ -52,10 +56,18 @@ class StepRecord:
         return self.tflops_per_device / self.peak_tflops if self.peak_tflops else None
 
     def to_dict(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k not in ("gpu", "peak_tflops", "repa_loss", "rank_seconds", "stragglers")}
+        d = {
+            k: v
+            for k, v in asdict(self).items()
+            if k not in ("gpu", "peak_tflops", "repa_loss", "rank_seconds", "stragglers")
+        }
         if self.rank_seconds is not None:
             d |= {"rank_seconds": [round(s, 5) for s in self.rank_seconds], "stragglers": self.stragglers}
-        d |= {"samples_per_s": round(self.samples_per_s, 3), "tokens_per_s": round(self.tokens_per_s, 1), "tflops_per_device": round(self.tflops_per_device, 6)}
+        d |= {
+            "samples_per_s": round(self.samples_per_s, 3),
+            "tokens_per_s": round(self.tokens_per_s, 1),
+            "tflops_per_device": round(self.tflops_per_device, 6),
+        }
         if self.mfu is not None:
             d["mfu"] = round(self.mfu, 4)
         if self.repa_loss is not None:
@@ -110,11 +122,25 @@ class Telemetry:
     def log(self, rec: StepRecord) -> dict:
         """Append one step; returns its row (with `loss_spike` / `grad_spike` flags)."""
         self.records.append(rec)
-        row = rec.to_dict() | {"loss_spike": self.loss_spikes.update(rec.loss), "grad_spike": self.grad_spikes.update(rec.grad_norm)}
+        row = rec.to_dict() | {
+            "loss_spike": self.loss_spikes.update(rec.loss),
+            "grad_spike": self.grad_spikes.update(rec.grad_norm),
+        }
         if rec.stragglers:
-            log.warning("step %d: straggler rank(s) %s (step seconds per rank %s)", rec.step, rec.stragglers, [round(s, 3) for s in rec.rank_seconds or []])
+            log.warning(
+                "step %d: straggler rank(s) %s (step seconds per rank %s)",
+                rec.step,
+                rec.stragglers,
+                [round(s, 3) for s in rec.rank_seconds or []],
+            )
         if row["loss_spike"] or row["grad_spike"]:
-            log.warning("step %d: %s spike (loss %.4g, grad norm %.4g)", rec.step, "loss" if row["loss_spike"] else "grad-norm", rec.loss, rec.grad_norm)
+            log.warning(
+                "step %d: %s spike (loss %.4g, grad norm %.4g)",
+                rec.step,
+                "loss" if row["loss_spike"] else "grad-norm",
+                rec.loss,
+                rec.grad_norm,
+            )
         with self.path.open("a") as f:
             f.write(json.dumps(row, sort_keys=True) + "\n")
         return row
@@ -145,11 +171,20 @@ class Telemetry:
         records = read_metrics(self.path)
         plot_loss(records, self.out_dir / "loss.png")
         # The deterministic columns as CSV, for `dvc plots` (DVC reads CSV / JSON, not JSONL).
-        lines = ["step,loss,grad_norm,lr"] + [f"{r['step']},{r['loss']:.6g},{r['grad_norm']:.6g},{r['lr']:.6g}" for r in records]
+        lines = ["step,loss,grad_norm,lr"] + [
+            f"{r['step']},{r['loss']:.6g},{r['grad_norm']:.6g},{r['lr']:.6g}" for r in records
+        ]
         (self.out_dir / "loss.csv").write_text("\n".join(lines) + "\n")
-        spikes = {"loss": [r["step"] for r in records if r.get("loss_spike")], "grad_norm": [r["step"] for r in records if r.get("grad_spike")]}
+        spikes = {
+            "loss": [r["step"] for r in records if r.get("loss_spike")],
+            "grad_norm": [r["step"] for r in records if r.get("grad_spike")],
+        }
         (self.out_dir / "spikes.json").write_text(json.dumps(spikes, indent=2, sort_keys=True) + "\n")
-        summary = self.throughput() | {"loss_spikes": len(spikes["loss"]), "grad_spikes": len(spikes["grad_norm"]), "straggler_steps": sum(bool(r.get("stragglers")) for r in records)}
+        summary = self.throughput() | {
+            "loss_spikes": len(spikes["loss"]),
+            "grad_spikes": len(spikes["grad_norm"]),
+            "straggler_steps": sum(bool(r.get("stragglers")) for r in records),
+        }
         (self.out_dir / "throughput.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
         return summary
 

@@ -77,7 +77,9 @@ class StepBatch:
     images: torch.Tensor | None = None
 
 
-def train_step(learner: Learner, batch: StepBatch, rng: torch.Generator, lr: float, shift: float, rows: slice = slice(None)) -> StepResult:
+def train_step(
+    learner: Learner, batch: StepBatch, rng: torch.Generator, lr: float, shift: float, rows: slice = slice(None)
+) -> StepResult:
     """One optimiser step of rectified-flow v-prediction on this rank's `rows` of a global batch.
 
     The draws cover the whole batch, the loss is sum / global batch * dp_size (FSDP averages over dp):
@@ -88,7 +90,13 @@ def train_step(learner: Learner, batch: StepBatch, rng: torch.Generator, lr: flo
     from training.core.objective import drop_captions, flow_loss, sample_timesteps
 
     gen, opt, cfg, runtime, dp_size, repa, repa_opt = (
-        learner.gen, learner.opt, learner.cfg, learner.runtime, learner.dp_size, learner.repa, learner.repa_opt
+        learner.gen,
+        learner.opt,
+        learner.cfg,
+        learner.runtime,
+        learner.dp_size,
+        learner.repa,
+        learner.repa_opt,
     )
     x0, text, null_text, images = batch.x0, batch.text, batch.null_text, batch.images
     b = x0.shape[0]
@@ -168,11 +176,22 @@ def data_record(data_dir: Path, data, cfg: KilnConfig, steps: int, version: str 
     }
 
 
-def write_data_record(out_dir: Path, data_dir: Path, data, cfg: KilnConfig, steps: int, version: str | None = None) -> None:
-    (Path(out_dir) / DATA_RECORD).write_text(json.dumps(data_record(data_dir, data, cfg, steps, version), indent=2, sort_keys=True) + "\n")
+def write_data_record(
+    out_dir: Path, data_dir: Path, data, cfg: KilnConfig, steps: int, version: str | None = None
+) -> None:
+    (Path(out_dir) / DATA_RECORD).write_text(
+        json.dumps(data_record(data_dir, data, cfg, steps, version), indent=2, sort_keys=True) + "\n"
+    )
 
 
-def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, stop_at: int | None = None, overwrite: bool = False) -> Path:
+def train(
+    data_dir: Path,
+    out_dir: Path,
+    cfg: KilnConfig,
+    resume: bool = False,
+    stop_at: int | None = None,
+    overwrite: bool = False,
+) -> Path:
     """Train on a pack stage output; write the checkpoint folder `out_dir` and return it.
 
     `resume=True` continues from the newest good DCP checkpoint in `out_dir/dcp` (weights, optimiser,
@@ -212,15 +231,24 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
         mesh, ranks = build_ranks(tc.parallel.tp, device.type)
         prepare_output(out_dir, resume, overwrite, ranks.rank)
         version = dataset_version(Path(data_dir))
-        data = TrainSet.from_dir(Path(data_dir), tc.batch_size, tc.holdout, cfg.data.rewrite.form_probs, init_from=tc.init_from)  # a ladder rung holds out what its start held out
+        data = TrainSet.from_dir(
+            Path(data_dir), tc.batch_size, tc.holdout, cfg.data.rewrite.form_probs, init_from=tc.init_from
+        )  # a ladder rung holds out what its start held out
         if ranks.rank == 0:
             out_dir.mkdir(parents=True, exist_ok=True)
             write_heldout(out_dir, data.held_out)
         gen = init_generator(cfg.model, tc.seed, device)
         _load_init_weights(gen, tc.init_from)
-        cache = TextCache.build(gen, data.captions())  # every drawable caption form; before sharding: the frozen backbone is not trained
+        cache = TextCache.build(
+            gen, data.captions()
+        )  # every drawable caption form; before sharding: the frozen backbone is not trained
         null_one = gen.null_text(1)
-        flops_per_sample = {b.bucket: gen.flops_per_sample(b.pixels.shape[1] // gen.autoencoder.downsample, b.pixels.shape[2] // gen.autoencoder.downsample) for b in data.batches}
+        flops_per_sample = {
+            b.bucket: gen.flops_per_sample(
+                b.pixels.shape[1] // gen.autoencoder.downsample, b.pixels.shape[2] // gen.autoencoder.downsample
+            )
+            for b in data.batches
+        }
         repa = build_repa(gen, tc.repa, tc.parallel, device) if tc.repa.teacher_path else None
         parallelize(gen, mesh, tc.parallel, device.type)
         opt = make_optimizer(gen, tc)
@@ -242,11 +270,23 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
         if ranks.rank == 0:
             log.info(
                 "train: %d rows in %d batches, %d captions, %.2fM params, %d ranks (dp_shard %d x tp %d), %s, steps %d..%d",
-                data.num_rows, len(data), len(cache), gen.num_params() / 1e6, ranks.world, ranks.dp_size, tc.parallel.tp,
-                tc.optim.name, run.step, tc.steps,
+                data.num_rows,
+                len(data),
+                len(cache),
+                gen.num_params() / 1e6,
+                ranks.world,
+                ranks.dp_size,
+                tc.parallel.tp,
+                tc.optim.name,
+                run.step,
+                tc.steps,
             )
         tel = tc.telemetry
-        telemetry = Telemetry(out_dir, resume_step=run.step, spike_window=tel.spike_window, spike_z=tel.spike_z) if ranks.rank == 0 else None
+        telemetry = (
+            Telemetry(out_dir, resume_step=run.step, spike_window=tel.spike_window, spike_z=tel.spike_z)
+            if ranks.rank == 0
+            else None
+        )
         gpu = GpuMonitor.open(device.index or 0) if device.type == "cuda" and tel.gpu_every else None
         peak = peak_tflops(device.type, tel.peak_tflops)
         gen.train()
@@ -255,15 +295,21 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
         skipped = 0  # non-finite steps skipped so far in this process
         stream = data.stream(tc.seed, run.position)
         learner = Learner(gen, opt, tc, runtime, ranks.dp_size, repa, repa_opt)
-        with Prefetcher(stream, latent_encoder(gen, cfg.model.latent_cache_dir), loader_workers(tc.loader_workers, device.type)) as loader:
+        with Prefetcher(
+            stream, latent_encoder(gen, cfg.model.latent_cache_dir), loader_workers(tc.loader_workers, device.type)
+        ) as loader:
             steps = range(step, end)
-            for step in progress(steps, desc="train", total=len(steps), unit="step"):  # rank 0's bar only (kiln.progress)
+            for step in progress(
+                steps, desc="train", total=len(steps), unit="step"
+            ):  # rank 0's bar only (kiln.progress)
                 started = time.perf_counter()
                 item = next(loader)
                 batch = item.batch
                 x0 = item.x0.to(device)
                 text = cache.batch(batch.captions, device)
-                null = type(null_one)(null_one.hidden.expand(batch.size, -1, -1, -1), null_one.mask.expand(batch.size, -1)).to(device)
+                null = type(null_one)(
+                    null_one.hidden.expand(batch.size, -1, -1, -1), null_one.mask.expand(batch.size, -1)
+                ).to(device)
                 tokens = num_image_tokens(x0.shape[-2], x0.shape[-1], cfg.model.patch_size)
                 lr = wsd_lr(step, tc.steps, tc.lr, tc.warmup_steps, tc.decay_frac, tc.min_lr_ratio)
                 shift = timestep_shift(tokens, tc.timestep_shift, tc.timestep_max_shift)
@@ -271,7 +317,14 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
                 on = repa is not None and repa_active(tc.repa, step)
                 images = from_uint8_nhwc(batch.pixels, device) if on else None
                 with attention_context(tc.parallel.attention):
-                    result = train_step(learner if on else learner.without_repa(), StepBatch(x0, text, null, images), step_generator(tc.seed, step), lr, shift, rows)
+                    result = train_step(
+                        learner if on else learner.without_repa(),
+                        StepBatch(x0, text, null, images),
+                        step_generator(tc.seed, step),
+                        lr,
+                        shift,
+                        rows,
+                    )
                 if ema is not None and not result.skipped:
                     ema.update(gen)
                 if device.type == "cuda":
@@ -285,12 +338,33 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
                 if telemetry is not None:
                     counters = gpu.sample().to_dict() if gpu is not None and done % tel.gpu_every == 0 else {}
                     stragglers = find_stragglers(rank_seconds, tel.straggler_factor) if rank_seconds else []
-                    telemetry.log(StepRecord(
-                        done, result.loss, result.grad_norm, lr, batch.size, batch.size * tokens, time.perf_counter() - started,
-                        flops_per_sample[batch.bucket] * batch.size, ranks.world, peak, result.repa_loss, counters, rank_seconds, stragglers,
-                    ))
+                    telemetry.log(
+                        StepRecord(
+                            done,
+                            result.loss,
+                            result.grad_norm,
+                            lr,
+                            batch.size,
+                            batch.size * tokens,
+                            time.perf_counter() - started,
+                            flops_per_sample[batch.bucket] * batch.size,
+                            ranks.world,
+                            peak,
+                            result.repa_loss,
+                            counters,
+                            rank_seconds,
+                            stragglers,
+                        )
+                    )
                     if tc.log_every and done % tc.log_every == 0:
-                        log.info("step %d loss %.4f (ema %.4f) grad %.3f lr %.2e", done, result.loss, loss_ema or math.nan, result.grad_norm, lr)
+                        log.info(
+                            "step %d loss %.4f (ema %.4f) grad %.3f lr %.2e",
+                            done,
+                            result.loss,
+                            loss_ema or math.nan,
+                            result.grad_norm,
+                            lr,
+                        )
                 if result.skipped:
                     skipped += 1
                     if skipped > tc.nonfinite_skip:
@@ -299,7 +373,14 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
                             f"{tc.nonfinite_skip}; stopped, nothing exported (the last checkpoint in {out_dir / 'dcp'} predates it)"
                         )
                     if ranks.rank == 0:
-                        log.warning("step %d: loss %s, grad norm %s: update skipped (%d of train.nonfinite_skip=%d)", done, result.loss, result.grad_norm, skipped, tc.nonfinite_skip)
+                        log.warning(
+                            "step %d: loss %s, grad norm %s: update skipped (%d of train.nonfinite_skip=%d)",
+                            done,
+                            result.loss,
+                            result.grad_norm,
+                            skipped,
+                            tc.nonfinite_skip,
+                        )
                 if tc.dcp.every and done % tc.dcp.every == 0 and done < end:
                     require_finite_weights(gen, device, f"step {done}: saving a checkpoint")
                     ckpt.save(gen, opt, RunState(done, position, loss_ema, last))
@@ -320,7 +401,14 @@ def train(data_dir: Path, out_dir: Path, cfg: KilnConfig, resume: bool = False, 
             write_export_manifest(out_dir)  # last: the folder is complete when its checksums are
         if telemetry is not None:
             summary = telemetry.finish()
-            log.info("train: done at step %d, final loss %s, %.1f samples/s, %.0f tokens/s, MFU %s", step, last, summary["samples_per_s"], summary["tokens_per_s"], summary["mfu"])
+            log.info(
+                "train: done at step %d, final loss %s, %.1f samples/s, %.0f tokens/s, MFU %s",
+                step,
+                last,
+                summary["samples_per_s"],
+                summary["tokens_per_s"],
+                summary["mfu"],
+            )
         if dist.is_initialized():
             dist.barrier()
     except BaseException:

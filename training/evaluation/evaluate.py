@@ -1,18 +1,18 @@
 """A first evaluation of a checkpoint, written to out/metrics.json.
 
-  heldout_loss    flow-matching loss on the rows the trainer held out, at fixed timesteps with fixed
-                  noise per row (seeded by the row id): deterministic and comparable across checkpoints
-  prompt_following per-attribute accuracy of generated images under the rubric (post.eval_prompts, post.judge; training.evaluation.rubric)
-  baseline        the same two measures for the untrained model (same config, same init seed), so the
-                  numbers show what training bought
-  throughput      the training run's samples/s and tokens/s (throughput.json), next to the quality
-  distribution    FID / CMMD / DINO-MMD of trained and untrained samples against the dataset's reference
-                  images (training.evaluation.protocol), for the extractors configured in `metrics.*`; the
-                  protocol's setup (prompts, seed, steps, CFG, dataset version, extractors) is recorded
-  history         one row per checkpoint step in out/history.csv (+ history.png, + the kept copy at
-                  `metrics.history`)
-  headline        out/headline.json: the few numbers `dvc metrics show` prints (a subset of metrics.json),
-                  and out/prompt_following.png, the per-attribute bars beside the baseline
+heldout_loss    flow-matching loss on the rows the trainer held out, at fixed timesteps with fixed
+                noise per row (seeded by the row id): deterministic and comparable across checkpoints
+prompt_following per-attribute accuracy of generated images under the rubric (post.eval_prompts, post.judge; training.evaluation.rubric)
+baseline        the same two measures for the untrained model (same config, same init seed), so the
+                numbers show what training bought
+throughput      the training run's samples/s and tokens/s (throughput.json), next to the quality
+distribution    FID / CMMD / DINO-MMD of trained and untrained samples against the dataset's reference
+                images (training.evaluation.protocol), for the extractors configured in `metrics.*`; the
+                protocol's setup (prompts, seed, steps, CFG, dataset version, extractors) is recorded
+history         one row per checkpoint step in out/history.csv (+ history.png, + the kept copy at
+                `metrics.history`)
+headline        out/headline.json: the few numbers `dvc metrics show` prints (a subset of metrics.json),
+                and out/prompt_following.png, the per-attribute bars beside the baseline
 """
 
 from __future__ import annotations
@@ -60,7 +60,9 @@ def heldout_rows(data_dir: Path, n: int, checkpoint: Path | None = None) -> tupl
     else:
         chosen, held = holdout_ids(ids, n if n > 0 else min(32, len(ids))), n > 0
     if not chosen:
-        raise ValueError(f"none of the rows {checkpoint} held out are in {data_dir}: evaluate on the first ladder rung's train set")
+        raise ValueError(
+            f"none of the rows {checkpoint} held out are in {data_dir}: evaluate on the first ladder rung's train set"
+        )
     rows = table.filter(pc.is_in(table.column("id"), pa.array(sorted(chosen))))
     return rows.sort_by("id"), held
 
@@ -102,7 +104,17 @@ def prompt_following(gen, cfg: KilnConfig, height: int, width: int, rubric=None)
 
     prompts, judge = rubric or eval_rubric(cfg)
     ec = cfg.train.eval
-    images = generate(gen, [p.prompt for p in prompts], ec.n_per_prompt, height, width, ec.steps, cfg.train.sample.cfg_scale, ec.seed, sampling_shift(gen, height, width, cfg.train))
+    images = generate(
+        gen,
+        [p.prompt for p in prompts],
+        ec.n_per_prompt,
+        height,
+        width,
+        ec.steps,
+        cfg.train.sample.cfg_scale,
+        ec.seed,
+        sampling_shift(gen, height, width, cfg.train),
+    )
     return rubric_scores(judge, prompts, images)[1], images
 
 
@@ -157,7 +169,9 @@ def evaluate(checkpoint: Path, data_dir: Path, out: Path, cfg: KilnConfig) -> di
     cfg = with_sampler_settings(cfg, read_sampler_settings(checkpoint))  # a distilled student: its own steps, no CFG
     runtime = setup_runtime(cfg.train)
     state = read_train_state(checkpoint)
-    trained_model = ModelConfig.model_validate(state.config["model"])  # what the checkpoint was trained from: same model,
+    trained_model = ModelConfig.model_validate(
+        state.config["model"]
+    )  # what the checkpoint was trained from: same model,
     init_seed = int(state.config["train"]["seed"])  # same init seed
     height, width = checkpoint_resolution(checkpoint, cfg)
     rows, is_heldout = heldout_rows(Path(data_dir), state.holdout, checkpoint)
@@ -167,28 +181,54 @@ def evaluate(checkpoint: Path, data_dir: Path, out: Path, cfg: KilnConfig) -> di
     trained_scores, images = score(trained, rows, cfg, height, width, rubric)
     untrained = init_generator(trained_model, init_seed, runtime.device)
     baseline_scores, _ = score(untrained, rows, cfg, height, width, rubric)
-    distribution, distribution_setup = evaluate_distribution({"trained": trained, "baseline": untrained}, cfg, Path(data_dir), height, width, str(runtime.device))
+    distribution, distribution_setup = evaluate_distribution(
+        {"trained": trained, "baseline": untrained}, cfg, Path(data_dir), height, width, str(runtime.device)
+    )
     trained_scores["distribution"], baseline_scores["distribution"] = distribution["trained"], distribution["baseline"]
 
     throughput_file = checkpoint / "throughput.json"
     metrics = {
-        "checkpoint": {"step": state.step, "final_loss": state.final_loss, "loss_ema": state.loss_ema, "num_params": state.num_params, "bucket": state.bucket},
-        "heldout": {"rows": rows.num_rows, "held_out": is_heldout, "timesteps": list(cfg.train.eval.loss_timesteps), "seed": cfg.train.eval.seed},
+        "checkpoint": {
+            "step": state.step,
+            "final_loss": state.final_loss,
+            "loss_ema": state.loss_ema,
+            "num_params": state.num_params,
+            "bucket": state.bucket,
+        },
+        "heldout": {
+            "rows": rows.num_rows,
+            "held_out": is_heldout,
+            "timesteps": list(cfg.train.eval.loss_timesteps),
+            "seed": cfg.train.eval.seed,
+        },
         "distribution_setup": distribution_setup,
-        "prompt_following_setup": {"prompts": images.shape[0], "per_prompt": images.shape[1], "steps": cfg.train.eval.steps, "cfg_scale": cfg.train.sample.cfg_scale, "seed": cfg.train.eval.seed,
-                                   "prompt_set": cfg.post.eval_prompts or "demo prompts (components.demo_scenes.demo_prompts)", "judge": judge.name},
+        "prompt_following_setup": {
+            "prompts": images.shape[0],
+            "per_prompt": images.shape[1],
+            "steps": cfg.train.eval.steps,
+            "cfg_scale": cfg.train.sample.cfg_scale,
+            "seed": cfg.train.eval.seed,
+            "prompt_set": cfg.post.eval_prompts or "demo prompts (components.demo_scenes.demo_prompts)",
+            "judge": judge.name,
+        },
         **trained_scores,
         "baseline": baseline_scores,
         "throughput": json.loads(throughput_file.read_text()) if throughput_file.exists() else None,
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.json").write_text(json.dumps({k: v for k, v in metrics.items() if k != "throughput"}, indent=2, sort_keys=True) + "\n")
-    (out / "throughput.json").write_text(json.dumps(metrics["throughput"], indent=2, sort_keys=True) + "\n")  # wall-clock: outside the hashes
+    (out / "metrics.json").write_text(
+        json.dumps({k: v for k, v in metrics.items() if k != "throughput"}, indent=2, sort_keys=True) + "\n"
+    )
+    (out / "throughput.json").write_text(
+        json.dumps(metrics["throughput"], indent=2, sort_keys=True) + "\n"
+    )  # wall-clock: outside the hashes
     sample_grid(images, [p.prompt for p in prompts]).save(out / "eval_samples.png", format="PNG")
     record(metrics, out, cfg)
     log.info(
         "eval: held-out loss %.4f (untrained %.4f), prompt following %s (untrained %s)",
-        trained_scores["heldout_loss"]["mean"], baseline_scores["heldout_loss"]["mean"],
-        trained_scores["prompt_following"], baseline_scores["prompt_following"],
+        trained_scores["heldout_loss"]["mean"],
+        baseline_scores["heldout_loss"]["mean"],
+        trained_scores["prompt_following"],
+        baseline_scores["prompt_following"],
     )
     return metrics

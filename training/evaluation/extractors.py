@@ -100,11 +100,37 @@ def write_tiny_extractor(kind: Kind, directory: str | Path, image_size: int = 32
     square = {"height": image_size, "width": image_size}
     torch.manual_seed(seed)
     if kind == "clip":
-        cfg = CLIPVisionConfig(image_size=image_size, patch_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, projection_dim=16)
-        model, proc = CLIPVisionModelWithProjection(cfg), CLIPImageProcessor(size={"shortest_edge": image_size}, crop_size=square)
+        cfg = CLIPVisionConfig(
+            image_size=image_size,
+            patch_size=8,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            projection_dim=16,
+        )
+        model, proc = (
+            CLIPVisionModelWithProjection(cfg),
+            CLIPImageProcessor(size={"shortest_edge": image_size}, crop_size=square),
+        )
     elif kind == "dino":
-        cfg = Dinov2Config(image_size=image_size, patch_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
-        model, proc = Dinov2Model(cfg), BitImageProcessor(size={"shortest_edge": image_size}, crop_size=square, image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])
+        cfg = Dinov2Config(
+            image_size=image_size,
+            patch_size=8,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+        )
+        model, proc = (
+            Dinov2Model(cfg),
+            BitImageProcessor(
+                size={"shortest_edge": image_size},
+                crop_size=square,
+                image_mean=[0.485, 0.456, 0.406],
+                image_std=[0.229, 0.224, 0.225],
+            ),
+        )
     elif kind == "backbone":
         cfg = ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic")
         model, proc = ResNetModel(cfg), ConvNextImageProcessor(size={"shortest_edge": image_size}, crop_pct=1.0)

@@ -39,7 +39,9 @@ CONDITIONAL_ATTRIBUTES = ("shape", "count")  # checked where `checkable` says th
 PALETTE_NAMES = tuple(COLORS)
 PALETTE = np.array([COLORS[n] for n in PALETTE_NAMES], dtype=np.float32)  # [K, 3]
 
-FOREGROUND_DISTANCE = 60.0  # RGB distance from the background that counts as "something drawn" (palette pairs are >= 120 apart)
+FOREGROUND_DISTANCE = (
+    60.0  # RGB distance from the background that counts as "something drawn" (palette pairs are >= 120 apart)
+)
 WINDOW = 0.12  # half-side of the expected-shape window, as a share of the image side
 CENTER_MARGIN = 0.125  # centroid within this (share of the side) of the middle on both axes: center (sides sit at 0.25)
 MIN_FOREGROUND = 0.01  # below this share of foreground pixels, nothing was drawn
@@ -137,7 +139,9 @@ def count_of(mask: np.ndarray, position: str) -> int:
     if mask.mean() < MIN_FOREGROUND:
         return 0
     vertical = position in ("left", "right") or (position == "center" and h > w)
-    profile = gaussian_filter1d(np.pad(mask.sum(axis=1 if vertical else 0).astype(np.float32), 2), COUNT_SMOOTHING)  # flat tops are noisy
+    profile = gaussian_filter1d(
+        np.pad(mask.sum(axis=1 if vertical else 0).astype(np.float32), 2), COUNT_SMOOTHING
+    )  # flat tops are noisy
     peaks, _ = find_peaks(profile, prominence=COUNT_PROMINENCE * profile.max())
     return len(peaks)
 
@@ -174,7 +178,9 @@ class Reading:
 
     @cached_property
     def drawn(self) -> np.ndarray:
-        return nearest_color(self.image) != PALETTE_NAMES.index(self.bg_name)  # split halfway between palette colours: blurred neighbours stay apart
+        return nearest_color(self.image) != PALETTE_NAMES.index(
+            self.bg_name
+        )  # split halfway between palette colours: blurred neighbours stay apart
 
     def count(self, position: str) -> int:
         if position not in self._counts:
@@ -211,7 +217,9 @@ def closeness(image: np.ndarray, expected: Expected, reading: Reading | None = N
     target_bg = np.array(COLORS[expected.background], np.float32)
     out = {"background": float(np.exp(-np.linalg.norm(r.bg_rgb - target_bg) / COLOR_SCALE))}
     win = window(image, expected.position).reshape(-1, 3).astype(np.float32)
-    out["color"] = float(np.exp(-np.linalg.norm(win - np.array(COLORS[expected.color], np.float32), axis=-1) / COLOR_SCALE).mean())
+    out["color"] = float(
+        np.exp(-np.linalg.norm(win - np.array(COLORS[expected.color], np.float32), axis=-1) / COLOR_SCALE).mean()
+    )
     share = float(r.fg.mean())
     if share < MIN_FOREGROUND:
         out["position"] = 0.0
@@ -220,7 +228,9 @@ def closeness(image: np.ndarray, expected: Expected, reading: Reading | None = N
         ys, xs = np.nonzero(r.fg)
         fx, fy = POSITION_XY[expected.position]
         dist = float(np.hypot((xs.mean() + 0.5) / w - fx, (ys.mean() + 0.5) / h - fy))
-        out["position"] = float(np.exp(-dist / POSITION_SCALE)) * (1.0 if share <= MAX_FOREGROUND else MAX_FOREGROUND / share)
+        out["position"] = float(np.exp(-dist / POSITION_SCALE)) * (
+            1.0 if share <= MAX_FOREGROUND else MAX_FOREGROUND / share
+        )
     if expected.checkable()["count"]:
         out["count"] = 1.0 / (1.0 + abs(r.count(expected.position) - expected.count))
     return out

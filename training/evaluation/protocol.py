@@ -1,14 +1,14 @@
 """The evaluation protocol of a checkpoint: what is generated, what it is compared with, and the record.
 
-  prompts     a fixed prompt set (the demo prompts, or `metrics.prompts_file`), hashed into the results
-  reference   a fixed real image set per dataset version: the main bucket's rows with the smallest
-              sha1(id) (the trainer's held-out rows come first), and the version is the sha256 of the
-              pack output's Parquet files, which kiln.stage.write_table makes byte-deterministic
-  generation  batched, fixed seed (`metrics.seed`), steps and CFG scale recorded with the results
-  metrics     FID / CMMD / DINO-MMD for each extractor configured; an unconfigured one is reported as
-              skipped, never as a number
-  history     one row per checkpoint step (quality next to training throughput), upserted into a CSV
-              kept across checkpoints and plotted
+prompts     a fixed prompt set (the demo prompts, or `metrics.prompts_file`), hashed into the results
+reference   a fixed real image set per dataset version: the main bucket's rows with the smallest
+            sha1(id) (the trainer's held-out rows come first), and the version is the sha256 of the
+            pack output's Parquet files, which kiln.stage.write_table makes byte-deterministic
+generation  batched, fixed seed (`metrics.seed`), steps and CFG scale recorded with the results
+metrics     FID / CMMD / DINO-MMD for each extractor configured; an unconfigured one is reported as
+            skipped, never as a number
+history     one row per checkpoint step (quality next to training throughput), upserted into a CSV
+            kept across checkpoints and plotted
 """
 
 from __future__ import annotations
@@ -29,10 +29,24 @@ from training.core.data import dataset_version, decode_pixels, holdout_ids, read
 from training.evaluation.extractors import FeatureExtractor, load_extractor
 from training.evaluation.metrics import cmmd, dino_mmd, fid
 
-METRIC_OF = {"fid": ("backbone", "fid_extractor"), "cmmd": ("clip", "clip_extractor"), "dino_mmd": ("dino", "dino_extractor")}
+METRIC_OF = {
+    "fid": ("backbone", "fid_extractor"),
+    "cmmd": ("clip", "clip_extractor"),
+    "dino_mmd": ("dino", "dino_extractor"),
+}
 HISTORY_COLUMNS = (
-    "step", "heldout_loss", "prompt_following", "color", "shape", "count", "position", "background",
-    "fid", "cmmd", "dino_mmd", "baseline_prompt_following",
+    "step",
+    "heldout_loss",
+    "prompt_following",
+    "color",
+    "shape",
+    "count",
+    "position",
+    "background",
+    "fid",
+    "cmmd",
+    "dino_mmd",
+    "baseline_prompt_following",
 )  # quality only: wall-clock throughput stays in each checkpoint's throughput.json, so the history is reproducible
 
 
@@ -63,8 +77,6 @@ def digest(texts: list[str]) -> str:
     return hashlib.sha256("\n".join(texts).encode()).hexdigest()
 
 
-
-
 def reference_rows(table: pa.Table, n: int, height: int, width: int) -> pa.Table:
     """Up to `n` rows of the (height x width) bucket, smallest sha1(id) first, sorted by that rank."""
     part = table.filter(pc.equal(table.column("bucket"), f"{height}x{width}"))
@@ -92,10 +104,15 @@ def load_extractors(metrics_cfg: MetricsConfig, device: str = "cpu") -> dict[str
 
 
 def describe_extractors(extractors: dict[str, FeatureExtractor]) -> dict[str, str]:
-    return {m: (extractors[m].model_type if m in extractors else f"skipped: metrics.{METRIC_OF[m][1]} is not set") for m in METRIC_OF}
+    return {
+        m: (extractors[m].model_type if m in extractors else f"skipped: metrics.{METRIC_OF[m][1]} is not set")
+        for m in METRIC_OF
+    }
 
 
-def distribution_metrics(generated: np.ndarray, reference: np.ndarray, extractors: dict[str, FeatureExtractor], batch_size: int = 32) -> dict[str, float | None]:
+def distribution_metrics(
+    generated: np.ndarray, reference: np.ndarray, extractors: dict[str, FeatureExtractor], batch_size: int = 32
+) -> dict[str, float | None]:
     """FID / CMMD / DINO-MMD of uint8 [N, H, W, 3] generated vs reference images; None where skipped."""
     fns = {"fid": fid, "cmmd": cmmd, "dino_mmd": dino_mmd}
     out: dict[str, float | None] = {}
@@ -113,15 +130,47 @@ def generate_set(gen, prompts: list[str], cfg: KilnConfig, height: int, width: i
     from training.evaluation.sampling import generate, sampling_shift
 
     m = cfg.metrics
-    return generate(gen, prompts, m.n_per_prompt, height, width, cfg.train.eval.steps, cfg.train.sample.cfg_scale, m.seed, sampling_shift(gen, height, width, cfg.train))
+    return generate(
+        gen,
+        prompts,
+        m.n_per_prompt,
+        height,
+        width,
+        cfg.train.eval.steps,
+        cfg.train.sample.cfg_scale,
+        m.seed,
+        sampling_shift(gen, height, width, cfg.train),
+    )
 
 
-def setup_for(cfg: KilnConfig, prompts: list[str], version: str, n_reference: int, height: int, width: int, extractors: dict[str, FeatureExtractor]) -> Setup:
+def setup_for(
+    cfg: KilnConfig,
+    prompts: list[str],
+    version: str,
+    n_reference: int,
+    height: int,
+    width: int,
+    extractors: dict[str, FeatureExtractor],
+) -> Setup:
     m = cfg.metrics
-    return Setup(len(prompts), digest(prompts), m.n_per_prompt, cfg.train.eval.steps, cfg.train.sample.cfg_scale, m.seed, height, width, version, n_reference, describe_extractors(extractors))
+    return Setup(
+        len(prompts),
+        digest(prompts),
+        m.n_per_prompt,
+        cfg.train.eval.steps,
+        cfg.train.sample.cfg_scale,
+        m.seed,
+        height,
+        width,
+        version,
+        n_reference,
+        describe_extractors(extractors),
+    )
 
 
-def evaluate_distribution(gens: dict[str, object], cfg: KilnConfig, data_dir: Path, height: int, width: int, device: str = "cpu") -> tuple[dict[str, dict], dict]:
+def evaluate_distribution(
+    gens: dict[str, object], cfg: KilnConfig, data_dir: Path, height: int, width: int, device: str = "cpu"
+) -> tuple[dict[str, dict], dict]:
     """Distribution metrics of each named generator (e.g. trained, untrained) under one protocol.
 
     Returns ({name: {fid, cmmd, dino_mmd}}, setup as a dict). Without any extractor configured
@@ -133,14 +182,18 @@ def evaluate_distribution(gens: dict[str, object], cfg: KilnConfig, data_dir: Pa
     extractors = load_extractors(cfg.metrics, device)
     version = dataset_version(Path(data_dir))
     if not extractors:
-        return {name: {m: None for m in METRIC_OF} for name in gens}, asdict(setup_for(cfg, prompts, version, 0, height, width, extractors))
+        return {name: {m: None for m in METRIC_OF} for name in gens}, asdict(
+            setup_for(cfg, prompts, version, 0, height, width, extractors)
+        )
     reference = reference_images(Path(data_dir), cfg.metrics.reference_images, height, width)
     setup = setup_for(cfg, prompts, version, reference.shape[0], height, width, extractors)
     scores = {}
     for name, gen in gens.items():
         with torch.no_grad():
             images = generate_set(gen, prompts, cfg, height, width)
-        scores[name] = distribution_metrics(images.reshape(-1, height, width, 3), reference, extractors, cfg.metrics.batch_size)
+        scores[name] = distribution_metrics(
+            images.reshape(-1, height, width, 3), reference, extractors, cfg.metrics.batch_size
+        )
     return scores, asdict(setup)
 
 
@@ -197,10 +250,29 @@ def plot_history(rows: list[dict], path: Path | None):
     def col(k: str) -> list:
         return [r.get(k) for r in rows]
 
-    panels = {"held-out loss": {"heldout_loss": col("heldout_loss")},
-              "prompt following": {k: col(k) for k in ("prompt_following", "baseline_prompt_following", "color", "shape", "count", "position", "background") if any(v is not None for v in col(k))}}
+    panels = {
+        "held-out loss": {"heldout_loss": col("heldout_loss")},
+        "prompt following": {
+            k: col(k)
+            for k in (
+                "prompt_following",
+                "baseline_prompt_following",
+                "color",
+                "shape",
+                "count",
+                "position",
+                "background",
+            )
+            if any(v is not None for v in col(k))
+        },
+    }
     panels |= {m: {m: col(m)} for m in METRIC_OF if any(v is not None for v in col(m))}
-    return panel_plot({name: series for name, series in panels.items() if series},  x=col("step"), title="evaluation across checkpoints", path=path)
+    return panel_plot(
+        {name: series for name, series in panels.items() if series},
+        x=col("step"),
+        title="evaluation across checkpoints",
+        path=path,
+    )
 
 
 def headline(metrics: dict) -> dict:
@@ -211,7 +283,10 @@ def headline(metrics: dict) -> dict:
         "checkpoint": {"step": metrics["checkpoint"]["step"], "final_loss": metrics["checkpoint"].get("final_loss")},
         "heldout_loss": {"mean": (metrics.get("heldout_loss") or {}).get("mean")},
         "prompt_following": dict(metrics.get("prompt_following") or {}),
-        "baseline": {"heldout_loss": {"mean": (base.get("heldout_loss") or {}).get("mean")}, "prompt_following": {"all": (base.get("prompt_following") or {}).get("all")}},
+        "baseline": {
+            "heldout_loss": {"mean": (base.get("heldout_loss") or {}).get("mean")},
+            "prompt_following": {"all": (base.get("prompt_following") or {}).get("all")},
+        },
     }
     if computed := {m: v for m, v in (metrics.get("distribution") or {}).items() if isinstance(v, (int, float))}:
         out["distribution"] = computed  # a skipped metric is left out here; metrics.json says why

@@ -105,7 +105,15 @@ class BradleyTerry:
         self.weights, self.embedder_name = np.asarray(weights, np.float64), embedder_name
 
     @classmethod
-    def fit(cls, winners: np.ndarray, losers: np.ndarray, embedder_name: str, l2: float = 1e-2, steps: int = 500, lr: float = 0.5) -> BradleyTerry:
+    def fit(
+        cls,
+        winners: np.ndarray,
+        losers: np.ndarray,
+        embedder_name: str,
+        l2: float = 1e-2,
+        steps: int = 500,
+        lr: float = 0.5,
+    ) -> BradleyTerry:
         """Full-batch gradient descent on the BT log-likelihood of embedding pairs [P, D] (deterministic)."""
         d = np.asarray(winners, np.float64) - np.asarray(losers, np.float64)
         w = np.zeros(d.shape[1])
@@ -127,7 +135,12 @@ class BradleyTerry:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         np.save(path / "weights.npy", self.weights)
-        (path / "reward_model.json").write_text(json.dumps({"kind": "bradley_terry_linear", "embedder": self.embedder_name, "dim": len(self.weights)}, indent=2) + "\n")
+        (path / "reward_model.json").write_text(
+            json.dumps(
+                {"kind": "bradley_terry_linear", "embedder": self.embedder_name, "dim": len(self.weights)}, indent=2
+            )
+            + "\n"
+        )
         return path
 
     @classmethod
@@ -150,7 +163,9 @@ class AestheticReward:
         from PIL import Image
 
         if getattr(self.embedder, "name", None) != self.model.embedder_name:
-            raise ValueError(f"the reward model was trained on {self.model.embedder_name} embeddings, not {getattr(self.embedder, 'name', '?')}")
+            raise ValueError(
+                f"the reward model was trained on {self.model.embedder_name} embeddings, not {getattr(self.embedder, 'name', '?')}"
+            )
         emb = self.embedder.embed([Image.fromarray(im) for im in images])
         return 1.0 / (1.0 + np.exp(-self.model.utility(emb)))
 
@@ -228,7 +243,9 @@ def make_reward_mix(post, embedder=None, judge: Judge | None = None) -> RewardMi
             out.append((TextRenderingReward(RapidOCREngine(), post.ocr_upscale), spec.weight))
         elif spec.name == "aesthetic":
             if not spec.path or embedder is None:
-                raise ValueError("the aesthetic reward needs its reward_model folder (path) and the embedder it was trained on")
+                raise ValueError(
+                    "the aesthetic reward needs its reward_model folder (path) and the embedder it was trained on"
+                )
             out.append((AestheticReward(BradleyTerry.load(Path(spec.path)), embedder), spec.weight))
         elif spec.name == "artifact":
             if not spec.path:
@@ -269,12 +286,22 @@ def post_problems(post) -> list[tuple[str, str]]:
     out = []
     if post.judge == "vlm" and any(r.name == "rubric" for r in post.rewards):
         if not post.judge_vlm_path:
-            out.append(("post.judge_vlm_path", "the rubric reward's VLM judge is not set (or post.judge=demo_pixel on demo drawings)"))
+            out.append(
+                (
+                    "post.judge_vlm_path",
+                    "the rubric reward's VLM judge is not set (or post.judge=demo_pixel on demo drawings)",
+                )
+            )
         elif "://" not in post.judge_vlm_path and not Path(post.judge_vlm_path).exists():
             out.append(("post.judge_vlm_path", f"{post.judge_vlm_path} does not exist"))
     for i, r in enumerate(post.rewards):
         if r.name in ("aesthetic", "artifact") and (not r.path or not Path(r.path).exists()):
-            out.append((f"post.rewards.{i}.path", f"the {r.name} reward's model folder {r.path or 'is not set'}{'' if not r.path else ' does not exist'}"))
+            out.append(
+                (
+                    f"post.rewards.{i}.path",
+                    f"the {r.name} reward's model folder {r.path or 'is not set'}{'' if not r.path else ' does not exist'}",
+                )
+            )
     if post.prompts and not Path(post.prompts).exists():
         out.append(("post.prompts", f"{post.prompts} does not exist"))
     return out

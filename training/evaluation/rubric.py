@@ -37,7 +37,9 @@ class RubricPrompt:
     requirements: tuple[Requirement, ...] = field(default_factory=tuple)
 
     def to_json(self) -> str:
-        return json.dumps({"prompt": self.prompt, "requirements": [asdict(r) for r in self.requirements]}, sort_keys=True)
+        return json.dumps(
+            {"prompt": self.prompt, "requirements": [asdict(r) for r in self.requirements]}, sort_keys=True
+        )
 
     @classmethod
     def from_dict(cls, d: dict) -> RubricPrompt:
@@ -58,7 +60,9 @@ def read_prompt_set(path: Path) -> list[RubricPrompt]:
             try:
                 out.append(RubricPrompt.from_dict(json.loads(line)))
             except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{i}: not a rubric prompt ({e}); expected {{'prompt': ..., 'requirements': [...]}}") from None
+                raise ValueError(
+                    f"{path}:{i}: not a rubric prompt ({e}); expected {{'prompt': ..., 'requirements': [...]}}"
+                ) from None
     if not out:
         raise ValueError(f"{path}: no prompts")
     return out
@@ -103,13 +107,17 @@ def demo_rl_prompts(n: int, seed: int, exclude=None, family: str | None = None) 
     for _ in range(200 * n):
         scene = sample_scene(rng, family or ("single_shape" if rng.random() < 0.75 else "counted_shapes"))
         sh = scene.shapes[0]
-        spec = PromptSpec(caption_for(scene), sh.color, sh.shape, sh.count, sh.position, sh.size, scene.background.color, scene)
+        spec = PromptSpec(
+            caption_for(scene), sh.color, sh.shape, sh.count, sh.position, sh.size, scene.background.color, scene
+        )
         key = combination(spec)
         if key not in held_out and key not in out:
             out[key] = RubricPrompt(spec.prompt, demo_requirements(spec))
             if len(out) == n:
                 return list(out.values())
-    raise ValueError(f"the demo grammar gave only {len(out)} distinct prompts outside the held-out set; ask for fewer than {n}")
+    raise ValueError(
+        f"the demo grammar gave only {len(out)} distinct prompts outside the held-out set; ask for fewer than {n}"
+    )
 
 
 def expected_of(rp: RubricPrompt):
@@ -119,9 +127,13 @@ def expected_of(rp: RubricPrompt):
     v = {r.attribute: r.value for r in rp.requirements}
     missing = {"color", "position", "background"} - set(v)
     if missing:
-        raise ValueError(f"prompt {rp.prompt!r} lacks the demo requirements {sorted(missing)}: the demo pixel judge reads only demo prompts")
+        raise ValueError(
+            f"prompt {rp.prompt!r} lacks the demo requirements {sorted(missing)}: the demo pixel judge reads only demo prompts"
+        )
     count = int(v["count"]) if "count" in v else None
-    return Expected(v["color"], v["position"], v["background"], v.get("shape"), count, "large" if "shape" in v else None)
+    return Expected(
+        v["color"], v["position"], v["background"], v.get("shape"), count, "large" if "shape" in v else None
+    )
 
 
 # ------------------------------------------------------------------------------------------- judges
@@ -186,7 +198,9 @@ class VLMJudge:
         out = np.zeros((len(images), len(prompt.requirements)), np.float64)
         for j, req in enumerate(prompt.requirements):
             text = chat_text(self.processor, req.question + " Answer yes or no.")
-            inputs = self.processor(images=pil, text=[text] * len(pil), return_tensors="pt", padding=True).to(self.device)
+            inputs = self.processor(images=pil, text=[text] * len(pil), return_tensors="pt", padding=True).to(
+                self.device
+            )
             with torch.no_grad():
                 out[:, j] = self.answers.p_yes(self.model(**inputs).logits[:, -1]).double().cpu().numpy()
         return out
@@ -206,14 +220,21 @@ class LLMRequirementWriter:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForCausalLM.from_pretrained(path).eval().to(device)
         self.max_new_tokens, self.device = max_new_tokens, device
-        self.decoding = {"model": path, "instruction": self.INSTRUCTION, "max_new_tokens": max_new_tokens, "do_sample": False}
+        self.decoding = {
+            "model": path,
+            "instruction": self.INSTRUCTION,
+            "max_new_tokens": max_new_tokens,
+            "do_sample": False,
+        }
 
     def write(self, prompt: str) -> RubricPrompt:
         import torch
 
         ids = self.tokenizer(self.INSTRUCTION.format(prompt=prompt), return_tensors="pt").to(self.device)
         with torch.no_grad():
-            out = self.model.generate(**ids, max_new_tokens=self.max_new_tokens, do_sample=False, pad_token_id=self.tokenizer.eos_token_id)
+            out = self.model.generate(
+                **ids, max_new_tokens=self.max_new_tokens, do_sample=False, pad_token_id=self.tokenizer.eos_token_id
+            )
         text = self.tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
         return RubricPrompt(prompt, parse_questions(text))
 
@@ -228,7 +249,9 @@ def parse_questions(text: str) -> tuple[Requirement, ...]:
 RUBRIC_FILE = "prompts.jsonl"
 
 
-def write_rubric_set(prompts: list[str], write, out: Path, decoding: dict | None = None, overwrite: bool = False) -> dict:
+def write_rubric_set(
+    prompts: list[str], write, out: Path, decoding: dict | None = None, overwrite: bool = False
+) -> dict:
     """OUT/prompts.jsonl: the rubric prompt set (`post.prompts`, `post.eval_prompts`) of plain prompts, each with
     the requirements `write(prompt) -> RubricPrompt` gives it (LLMRequirementWriter.write for real prompts).
     A prompt given no requirement cannot be judged: it goes to OUT/rejected.jsonl with reason
@@ -252,10 +275,6 @@ def write_rubric_set(prompts: list[str], write, out: Path, decoding: dict | None
         (tmp / "rubric.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
         write_marker(tmp, "rubric")
     return report
-
-
-
-
 
 
 # ------------------------------------------------------------------------------------------- scoring

@@ -92,7 +92,11 @@ def read_sampler_settings(checkpoint: Path) -> SamplerSettings | None:
         return None
     raw = json.loads(path.read_text())
     try:
-        settings = SamplerSettings(int(raw["steps"]), float(raw.get("cfg_scale", 1.0)), None if raw.get("shift") is None else float(raw["shift"]))
+        settings = SamplerSettings(
+            int(raw["steps"]),
+            float(raw.get("cfg_scale", 1.0)),
+            None if raw.get("shift") is None else float(raw["shift"]),
+        )
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{path}: not sampler settings ({e!r}); expected steps, cfg_scale, shift") from None
     if settings.steps < 1 or settings.cfg_scale < 0 or (settings.shift is not None and settings.shift <= 0):
@@ -106,11 +110,26 @@ def with_sampler_settings(cfg: KilnConfig, own: SamplerSettings | None) -> KilnC
     if own is None:
         return cfg
     t = cfg.train
-    train = t.model_copy(update={"sample": t.sample.model_copy(update={"steps": own.steps, "cfg_scale": own.cfg_scale}), "eval": t.eval.model_copy(update={"steps": own.steps})})
+    train = t.model_copy(
+        update={
+            "sample": t.sample.model_copy(update={"steps": own.steps, "cfg_scale": own.cfg_scale}),
+            "eval": t.eval.model_copy(update={"steps": own.steps}),
+        }
+    )
     return cfg.model_copy(update={"train": train})
 
 
-def generate(gen, prompts: Sequence[str], n_per_prompt: int, height: int, width: int, steps: int, cfg_scale: float, seed: int, shift: float) -> np.ndarray:
+def generate(
+    gen,
+    prompts: Sequence[str],
+    n_per_prompt: int,
+    height: int,
+    width: int,
+    steps: int,
+    cfg_scale: float,
+    seed: int,
+    shift: float,
+) -> np.ndarray:
     """uint8 [P, N, H, W, 3]: image j of prompt i uses noise row i * N + j of `seed`."""
     from model.sampler import sample
 
@@ -125,7 +144,9 @@ def png(image: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def samples_table(images: np.ndarray, prompts: Sequence[str], seed: int, expanded: Sequence[str] | None = None) -> pa.Table:
+def samples_table(
+    images: np.ndarray, prompts: Sequence[str], seed: int, expanded: Sequence[str] | None = None
+) -> pa.Table:
     """One row per image; with `expanded` (the prompt expander's output per prompt, what the DiT was fed) an
     `expanded_prompt` column beside the prompt as typed."""
     p, n = images.shape[:2]
@@ -142,7 +163,13 @@ def samples_table(images: np.ndarray, prompts: Sequence[str], seed: int, expande
     return pa.table(rows, schema=SAMPLES.append(pa.field("expanded_prompt", pa.string())))
 
 
-def sample_to_dir(checkpoint: Path, out: Path, cfg: KilnConfig, prompts: str | None = None, expand: Callable[[list[str]], list[str]] | None = None) -> Path:
+def sample_to_dir(
+    checkpoint: Path,
+    out: Path,
+    cfg: KilnConfig,
+    prompts: str | None = None,
+    expand: Callable[[list[str]], list[str]] | None = None,
+) -> Path:
     """Generate `cfg.train.sample.n_per_prompt` images per prompt at the training resolution; return grid.png.
     `prompts`: a text file, one prompt a line (default: the demo prompts). `expand`: a prompt expander
     (training.expander.sft.expander_from: `kiln sample --expand DIR`); each prompt is expanded first, the DiT

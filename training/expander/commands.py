@@ -23,7 +23,13 @@ def _evaluated(out: Path, checkpoint: Path | None, cfg: KilnConfig, evaluate: bo
 
 
 def expander_sft(
-    pairs: Path, checkpoint: Path | None, out: Path, cfg: KilnConfig, resume: bool = False, overwrite: bool = False, evaluate: bool = False
+    pairs: Path,
+    checkpoint: Path | None,
+    out: Path,
+    cfg: KilnConfig,
+    resume: bool = False,
+    overwrite: bool = False,
+    evaluate: bool = False,
 ) -> dict:
     """SFT on the user_prompts output `pairs`; `checkpoint`, the DiT the evaluation draws with."""
     done = train_sft(read_pairs(Path(pairs)), Path(out), cfg, resume=resume, overwrite=overwrite)
@@ -31,7 +37,13 @@ def expander_sft(
 
 
 def expander_rl(
-    sft: Path, checkpoint: Path | None, out: Path, cfg: KilnConfig, resume: bool = False, overwrite: bool = False, evaluate: bool = False
+    sft: Path,
+    checkpoint: Path | None,
+    out: Path,
+    cfg: KilnConfig,
+    resume: bool = False,
+    overwrite: bool = False,
+    evaluate: bool = False,
 ) -> dict:
     """GDPO from the expander-sft output `sft`; `checkpoint`, the DiT that draws the expansions."""
     ckpt = Path(checkpoint) if checkpoint else None

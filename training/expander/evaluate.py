@@ -38,9 +38,7 @@ def evaluate_expander(
     shorts = [p.short for p in prompts]
     expanded = expand(lm, tok, shorts, template, max_new)
     extractor = make_extractor(cfg.expander)
-    faith = [
-        float(faithfulness(extractor, s, [e])[0]) for s, e in zip(shorts, expanded)
-    ]
+    faith = [float(faithfulness(extractor, s, [e])[0]) for s, e in zip(shorts, expanded)]
     report: dict = {"prompts": len(prompts), "faithfulness": float(np.mean(faith))}
     misses = [(s, e) for f, s, e in zip(faith, shorts, expanded) if f < 1]
     if wide_n and (wide := [p.short for p in wide_heldout_prompt_set(cfg, wide_n)]):
@@ -48,9 +46,7 @@ def evaluate_expander(
         kept = [float(faithfulness(extractor, s, [e])[0]) for s, e in zip(wide, wide_exp)]
         report |= {"faithfulness_wide": float(np.mean(kept)), "prompts_wide": len(wide)}
         misses += [(s, e) for f, s, e in zip(kept, wide, wide_exp) if f < 1]
-    report["examples"] = [
-        {"short": s, "expanded": e} for s, e in list(zip(shorts, expanded))[:4]
-    ]
+    report["examples"] = [{"short": s, "expanded": e} for s, e in list(zip(shorts, expanded))[:4]]
     report["unfaithful"] = [  # what the expander dropped or overrode: the cases to read
         {"short": s, "expanded": e, "lost": [a for a in extractor.attributes(s) if not extractor.survives(a, e)]}
         for s, e in misses[:8]
@@ -81,19 +77,11 @@ def evaluate_expander(
             iteration_seed(seed, i, "eval_group"),
         )
         spread.append(
-            float(
-                scorer.score(p, texts, iteration_seed(seed, i, "eval_noise") % 2**31)[
-                    0
-                ]["diversity"].mean()
-            )
+            float(scorer.score(p, texts, iteration_seed(seed, i, "eval_noise") % 2**31)[0]["diversity"].mean())
         )
     report |= {
-        "following_short": float(np.mean(follow["short"]))
-        if follow["short"]
-        else float("nan"),
-        "following_expanded": float(np.mean(follow["expanded"]))
-        if follow["expanded"]
-        else float("nan"),
+        "following_short": float(np.mean(follow["short"])) if follow["short"] else float("nan"),
+        "following_expanded": float(np.mean(follow["expanded"])) if follow["expanded"] else float("nan"),
         "following_images": len(follow["short"]),
         "diversity": float(np.mean(spread)),
     }

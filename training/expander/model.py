@@ -21,9 +21,7 @@ SPECIALS = {
     "bos_token": "[BOS]",
     "eos_token": "[EOS]",
 }
-WORD = re.compile(
-    r"\w+|[^\w\s]"
-)  # the word-level pre-tokenizer's split, for building its vocabulary
+WORD = re.compile(r"\w+|[^\w\s]")  # the word-level pre-tokenizer's split, for building its vocabulary
 
 
 def demo_vocabulary() -> list[str]:
@@ -63,9 +61,7 @@ def detokenize(text: str) -> str:
     return re.sub(r"\s+([,.!?:;])", r"\1", " ".join(text.split()))
 
 
-def build_word_tokenizer(
-    texts: Iterable[str], out: Path, extra_words: Iterable[str] = ()
-):
+def build_word_tokenizer(texts: Iterable[str], out: Path, extra_words: Iterable[str] = ()):
     """A word-level tokenizer over `texts` (+ `extra_words`), saved to `out` as a PreTrainedTokenizerFast."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -114,9 +110,7 @@ def prompt_text(template: str, prompt: str) -> str:
     return template.replace("{prompt}", prompt)
 
 
-def encode_pair(
-    tok, template: str, prompt: str, target: str, max_length: int
-) -> tuple[list[int], list[int]]:
+def encode_pair(tok, template: str, prompt: str, target: str, max_length: int) -> tuple[list[int], list[int]]:
     """(input ids, labels): the template with the prompt, then the target and end-of-text; labels are -100
     on the template part, so the loss counts target tokens only. Cut at `max_length` from the end."""
     head = tok(prompt_text(template, prompt), add_special_tokens=False)["input_ids"]
@@ -126,9 +120,7 @@ def encode_pair(
     return ids, labels
 
 
-def collate(
-    rows: list[tuple[list[int], list[int]]], pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def collate(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ids, attention mask and labels (-100 on padding)."""
     n = max(len(ids) for ids, _ in rows)
     ids = torch.full((len(rows), n), pad_id, dtype=torch.long)

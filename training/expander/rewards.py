@@ -62,33 +62,21 @@ def group_normalise(r: Tensor, eps: float = 1e-4) -> Tensor:
     n = ok.sum(1, keepdim=True).clamp(min=1)
     x = torch.where(ok, r, torch.zeros_like(r))
     mean = x.sum(1, keepdim=True) / n
-    std = (
-        torch.where(ok, (x - mean) ** 2, torch.zeros_like(r)).sum(1, keepdim=True) / n
-    ).sqrt()
-    z = (x - mean) / torch.where(
-        std > 0, std + eps, torch.ones_like(std)
-    )  # a constant group carries no signal: 0
+    std = (torch.where(ok, (x - mean) ** 2, torch.zeros_like(r)).sum(1, keepdim=True) / n).sqrt()
+    z = (x - mean) / torch.where(std > 0, std + eps, torch.ones_like(std))  # a constant group carries no signal: 0
     return torch.where(ok, z, torch.zeros_like(r))
 
 
-def gdpo_advantages(
-    rewards: dict[str, Tensor], weights: dict[str, float], eps: float = 1e-4
-) -> Tensor:
+def gdpo_advantages(rewards: dict[str, Tensor], weights: dict[str, float], eps: float = 1e-4) -> Tensor:
     """GDPO: sum_k w_k * group_normalise(r_k), then standardised over the whole batch. [P, G] each."""
-    total = sum(
-        weights.get(k, 0.0) * group_normalise(r, eps) for k, r in rewards.items()
-    )
+    total = sum(weights.get(k, 0.0) * group_normalise(r, eps) for k, r in rewards.items())
     return (total - total.mean()) / (total.std(unbiased=False) + eps)
 
 
 # --------------------------------------------------------------------------------------- safety gate
 def blocked(text: str, blocklist: Iterable[str]) -> bool:
     """Whether `text` contains a blocklisted word or phrase (case-insensitive, whole words)."""
-    return any(
-        re.search(rf"\b{re.escape(w.lower())}\b", text.lower())
-        for w in blocklist
-        if w.strip()
-    )
+    return any(re.search(rf"\b{re.escape(w.lower())}\b", text.lower()) for w in blocklist if w.strip())
 
 
 def gate(
@@ -189,9 +177,7 @@ class LLMAttributeExtractor:
             top_k=None,
             pad_token_id=self.tok.pad_token_id,
         )
-        text = self.tok.decode(
-            ids[0, enc["input_ids"].shape[1] :], skip_special_tokens=True
-        )
+        text = self.tok.decode(ids[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         lines = [line.strip(" -*\t") for line in text.splitlines()]
         return [line for line in dict.fromkeys(lines) if content_words(line)]
 
@@ -199,25 +185,19 @@ class LLMAttributeExtractor:
         return content_words(attribute) <= content_words(expansion)
 
 
-def faithfulness(
-    extractor: AttributeExtractor, short: str, expansions: list[str]
-) -> np.ndarray:
+def faithfulness(extractor: AttributeExtractor, short: str, expansions: list[str]) -> np.ndarray:
     """[G] share of the short prompt's attributes each expansion keeps (1 when it states none)."""
     attrs = extractor.attributes(short)
     if not attrs:
         return np.ones(len(expansions))
-    return np.array(
-        [sum(extractor.survives(a, e) for a in attrs) / len(attrs) for e in expansions]
-    )
+    return np.array([sum(extractor.survives(a, e) for a in attrs) / len(attrs) for e in expansions])
 
 
 def make_extractor(cfg) -> AttributeExtractor:
     if cfg.extractor == "demo_grammar":
         return DemoGrammarExtractor()
     if not cfg.extractor_path:
-        raise ValueError(
-            "expander.extractor=llm needs expander.extractor_path (a causal LM folder)"
-        )
+        raise ValueError("expander.extractor=llm needs expander.extractor_path (a causal LM folder)")
     return LLMAttributeExtractor(cfg.extractor_path)
 
 
@@ -238,15 +218,9 @@ class IntentRubricReward:
     judge: Judge
     name: str = "image"
 
-    def score(
-        self, prompt: RubricPrompt, images: np.ndarray, short: str = ""
-    ) -> np.ndarray:
+    def score(self, prompt: RubricPrompt, images: np.ndarray, short: str = "") -> np.ndarray:
         answers = self.judge.answer(prompt, images)
-        cols = [
-            j
-            for j, r in enumerate(prompt.requirements)
-            if stated(r.attribute, str(r.value), short)
-        ]
+        cols = [j for j, r in enumerate(prompt.requirements) if stated(r.attribute, str(r.value), short)]
         return answers[:, cols].mean(1) if cols else np.full(len(images), np.nan)
 
 
@@ -263,13 +237,9 @@ def stated(attribute: str, value: str, short: str) -> bool:
 
 def diversity(embeddings: np.ndarray) -> np.ndarray:
     """[G] each member's mean cosine distance to the others of its group ([G, D] embeddings)."""
-    e = embeddings / np.maximum(
-        np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12
-    )
+    e = embeddings / np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
     sim = e @ e.T
     g = len(e)
     if g < 2:
         return np.zeros(g)
-    return np.clip(
-        1.0 - (sim.sum(1) - np.diag(sim)) / (g - 1), 0.0, 2.0
-    )  # clip: float rounding on identical images
+    return np.clip(1.0 - (sim.sum(1) - np.diag(sim)) / (g - 1), 0.0, 2.0)  # clip: float rounding on identical images

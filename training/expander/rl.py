@@ -56,9 +56,7 @@ def make_short(caption: str, key: str, cfg: KilnConfig) -> str:
     from components.rule_text import draw, make_prompt, pick_style, rule_prompt
 
     up = cfg.data.user_prompts
-    pair, _ = make_prompt(
-        caption, key, cfg.data.rewrite.pair_drop, cfg.data.rewrite.seed
-    )
+    pair, _ = make_prompt(caption, key, cfg.data.rewrite.pair_drop, cfg.data.rewrite.seed)
     return rule_prompt(
         pair,
         pick_style(up.styles, up.seed, key),
@@ -66,13 +64,8 @@ def make_short(caption: str, key: str, cfg: KilnConfig) -> str:
     )
 
 
-def short_prompts(
-    rubric: list[RubricPrompt], cfg: KilnConfig, demo: bool
-) -> list[ShortPrompt]:
-    return [
-        ShortPrompt(make_short(r.prompt, f"rl{i}", cfg) if demo else r.prompt, r)
-        for i, r in enumerate(rubric)
-    ]
+def short_prompts(rubric: list[RubricPrompt], cfg: KilnConfig, demo: bool) -> list[ShortPrompt]:
+    return [ShortPrompt(make_short(r.prompt, f"rl{i}", cfg) if demo else r.prompt, r) for i, r in enumerate(rubric)]
 
 
 def rl_prompt_set(cfg: KilnConfig) -> list[ShortPrompt]:
@@ -89,9 +82,7 @@ def heldout_prompt_set(cfg: KilnConfig) -> list[ShortPrompt]:
     from training.evaluation.rubric import demo_prompt_set, read_prompt_set
 
     if cfg.post.eval_prompts:
-        return short_prompts(
-            read_prompt_set(Path(cfg.post.eval_prompts)), cfg, demo=False
-        )
+        return short_prompts(read_prompt_set(Path(cfg.post.eval_prompts)), cfg, demo=False)
     return short_prompts(demo_prompt_set(demo_prompts()), cfg, demo=True)
 
 
@@ -138,10 +129,7 @@ def sample_expansions(
         input_ids=torch.tensor([head] * g), attention_mask=torch.ones(g, len(head), dtype=torch.long), max_new_tokens=max_new,
         do_sample=True, temperature=temperature, top_k=0, top_p=1.0, pad_token_id=tok.pad_token_id,
     )  # fmt: skip
-    comps = [
-        completion(row[len(head) :].tolist(), tok.eos_token_id, tok.pad_token_id)
-        for row in ids
-    ]
+    comps = [completion(row[len(head) :].tolist(), tok.eos_token_id, tok.pad_token_id) for row in ids]
     return (
         head,
         comps,
@@ -149,13 +137,9 @@ def sample_expansions(
     )
 
 
-def token_logps(
-    model, heads: list[list[int]], comps: list[list[int]], pad: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logps(model, heads: list[list[int]], comps: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probabilities of each completion after its head, and the mask of completion tokens."""
-    ids, attn, labels = collate(
-        [(h + c, [-100] * len(h) + c) for h, c in zip(heads, comps)], pad
-    )
+    ids, attn, labels = collate([(h + c, [-100] * len(h) + c) for h, c in zip(heads, comps)], pad)
     logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
     gold = labels[:, 1:]
     mask = gold != -100
@@ -202,18 +186,14 @@ class ExpansionScorer:
             ]
         )
 
-    def score(
-        self, p: ShortPrompt, texts: list[str], seed: int
-    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def score(self, p: ShortPrompt, texts: list[str], seed: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
         from PIL import Image
 
         rewards = {"faithfulness": faithfulness(self.extractor, p.short, texts)}
         if self.gen is not None:
             ims = self.images(texts, seed)
             rewards["image"] = self.image_reward.score(p.rubric, ims, p.short)
-            rewards["diversity"] = diversity(
-                self.embedder.embed([Image.fromarray(i) for i in ims])
-            )
+            rewards["diversity"] = diversity(self.embedder.embed([Image.fromarray(i) for i in ims]))
         return gate(rewards, texts, self.ex.blocklist)
 
 
@@ -244,34 +224,21 @@ def train_rl(
     reference, _ = load_lm(sft_dir)
     reference.eval().requires_grad_(False)
     template = (
-        json.loads((Path(sft_dir) / "expander.json").read_text()).get(
-            "template", ex.template
-        )
+        json.loads((Path(sft_dir) / "expander.json").read_text()).get("template", ex.template)
         if (Path(sft_dir) / "expander.json").exists()
         else ex.template
     )
     opt = torch.optim.AdamW(policy.parameters(), lr=ex.rl_lr, weight_decay=0.0)
-    ckpt = Checkpointer(
-        out, keep=2, async_save=False, mesh_facts={"kind": "expander_rl"}
-    )
-    start = (
-        (ckpt.load_latest(policy, opt) if resume else None)
-        or RunState(0, DataPosition())
-    ).step
+    ckpt = Checkpointer(out, keep=2, async_save=False, mesh_facts={"kind": "expander_rl"})
+    start = ((ckpt.load_latest(policy, opt) if resume else None) or RunState(0, DataPosition())).step
     history = _history(out, "expander_rl", start, resume)
     scorer = ExpansionScorer(cfg, checkpoint)
-    weights = {
-        k: w
-        for k, w in ex.reward_weights.items()
-        if scorer.gen is not None or k == "faithfulness"
-    }
+    weights = {k: w for k, w in ex.reward_weights.items() if scorer.gen is not None or k == "faithfulness"}
     P, G = min(ex.rl_prompts, len(prompts)), ex.group_size
     end = last_step(ex.rl_iterations, stop_at)
     for it in range(start, end):
         t0 = time.perf_counter()
-        pick = np.random.default_rng(iteration_seed(ex.seed, it, "prompts")).choice(
-            len(prompts), size=P, replace=False
-        )
+        pick = np.random.default_rng(iteration_seed(ex.seed, it, "prompts")).choice(len(prompts), size=P, replace=False)
         heads, comps, parts, blocked = [], [], {k: [] for k in weights}, []
         for j, i in enumerate(pick):
             head, cs, texts = sample_expansions(
@@ -284,18 +251,14 @@ def train_rl(
                 ex.max_new_tokens,
                 iteration_seed(ex.seed, it, f"rollout{j}"),
             )
-            r, mask = scorer.score(
-                prompts[i], texts, iteration_seed(ex.seed, it, f"noise{j}") % 2**31
-            )
+            r, mask = scorer.score(prompts[i], texts, iteration_seed(ex.seed, it, f"noise{j}") % 2**31)
             r = diversity_of_faithful(r)
             heads += [head] * G
             comps += cs
             blocked.append(mask)
             for k in weights:
                 parts[k].append(r[k])
-        rewards = {
-            k: torch.tensor(np.stack(v), dtype=torch.float32) for k, v in parts.items()
-        }
+        rewards = {k: torch.tensor(np.stack(v), dtype=torch.float32) for k, v in parts.items()}
         adv = gdpo_advantages(rewards, weights).flatten()
         policy.train()
         with torch.no_grad():
@@ -305,14 +268,10 @@ def train_rl(
         tok_adv = adv[:, None].expand_as(new)
         pg, clipped = clipped_policy_loss(new[mask], old[mask], tok_adv[mask], ex.clip)
         d = ref[mask] - new[mask]
-        kl = (
-            torch.exp(d) - d - 1
-        ).mean()  # k3: an unbiased, positive estimate of KL(policy || reference)
+        kl = (torch.exp(d) - d - 1).mean()  # k3: an unbiased, positive estimate of KL(policy || reference)
         loss = pg + ex.kl * kl
         if not torch.isfinite(loss):
-            raise FloatingPointError(
-                f"expander RL iteration {it}: non-finite loss; nothing exported"
-            )
+            raise FloatingPointError(f"expander RL iteration {it}: non-finite loss; nothing exported")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
@@ -324,9 +283,7 @@ def train_rl(
             "clipped": float(clipped),
         }
         record |= {
-            f"reward_{k}": float(np.nanmean(v.numpy()))
-            if not torch.isnan(v).all()
-            else float("nan")
+            f"reward_{k}": float(np.nanmean(v.numpy())) if not torch.isnan(v).all() else float("nan")
             for k, v in rewards.items()
         }
         record |= {

@@ -68,9 +68,7 @@ def expander_problems(cfg: ExpanderConfig) -> list[tuple[str, str]]:
 
 def check_expander(cfg: ExpanderConfig) -> None:
     if problems := expander_problems(cfg):
-        raise ValueError(
-            "the expander cannot run:\n" + "\n".join(f"  {k}: {p}" for k, p in problems)
-        )
+        raise ValueError("the expander cannot run:\n" + "\n".join(f"  {k}: {p}" for k, p in problems))
 
 
 def read_pairs(folder: Path) -> list[dict]:
@@ -91,7 +89,9 @@ def sft_pairs(rows: list[dict]) -> list[dict]:
     for r in rows:
         variants = json.loads(r["prompts"]) if r.get("prompts") else [{"prompt": r["prompt"]}]
         w = float(r["sampling_weight"]) / len(variants)
-        out += [{"id": r.get("id"), "prompt": v["prompt"], "target": r["target"], "sampling_weight": w} for v in variants]
+        out += [
+            {"id": r.get("id"), "prompt": v["prompt"], "target": r["target"], "sampling_weight": w} for v in variants
+        ]
     return out
 
 
@@ -101,9 +101,7 @@ def base_folder(pairs: list[dict], out: Path, cfg: ExpanderConfig) -> Path:
         return Path(cfg.path)
     init = Path(out) / INIT
     if not (init / "config.json").exists():
-        texts = [
-            prompt_text(cfg.template, p["prompt"]) + " " + p["target"] for p in pairs
-        ]
+        texts = [prompt_text(cfg.template, p["prompt"]) + " " + p["target"] for p in pairs]
         tok = build_word_tokenizer(texts, init, demo_vocabulary())
         build_tiny_lm(cfg, len(tok), init, cfg.max_length)
     return init
@@ -114,11 +112,7 @@ def _history(out: Path, kind: str, start: int, resume: bool) -> Path:
     if not resume:
         path.unlink(missing_ok=True)
     elif path.exists():  # lines past the resumed step are written again
-        kept = [
-            line
-            for line in path.read_text().splitlines()
-            if json.loads(line)["step"] <= start
-        ]
+        kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= start]
         path.write_text("".join(line + "\n" for line in kept))
     return path
 
@@ -139,9 +133,7 @@ def train_sft(
     from training.core.runtime import prepare_output
 
     ex, out = cfg.expander, Path(out)
-    check_expander(
-        ex.model_copy(update={"extractor": "demo_grammar"})
-    )  # SFT reads no extractor
+    check_expander(ex.model_copy(update={"extractor": "demo_grammar"}))  # SFT reads no extractor
     if not pairs:
         raise ValueError("expander SFT: no pairs (the user_prompts asset kept no rows)")
     pairs = sft_pairs(pairs)
@@ -154,33 +146,19 @@ def train_sft(
     model, tok = load_lm(base)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=ex.sft_lr, weight_decay=0.0)
-    ckpt = Checkpointer(
-        out, keep=2, async_save=False, mesh_facts={"kind": "expander_sft"}
-    )
-    start = (
-        (ckpt.load_latest(model, opt) if resume else None)
-        or RunState(0, DataPosition())
-    ).step
+    ckpt = Checkpointer(out, keep=2, async_save=False, mesh_facts={"kind": "expander_sft"})
+    start = ((ckpt.load_latest(model, opt) if resume else None) or RunState(0, DataPosition())).step
     history = _history(out, "expander_sft", start, resume)
-    encoded = [
-        encode_pair(tok, ex.template, p["prompt"], p["target"], ex.max_length)
-        for p in pairs
-    ]
-    weights = torch.tensor(
-        [float(p["sampling_weight"]) for p in pairs], dtype=torch.float64
-    )
+    encoded = [encode_pair(tok, ex.template, p["prompt"], p["target"], ex.max_length) for p in pairs]
+    weights = torch.tensor([float(p["sampling_weight"]) for p in pairs], dtype=torch.float64)
     end, loss_v = last_step(ex.sft_steps, stop_at), float("nan")
     for step in range(start, end):
         g = torch.Generator().manual_seed(iteration_seed(ex.seed, step, "sft_batch"))
-        idx = torch.multinomial(
-            weights, ex.sft_batch, replacement=True, generator=g
-        ).tolist()
+        idx = torch.multinomial(weights, ex.sft_batch, replacement=True, generator=g).tolist()
         ids, mask, labels = collate([encoded[i] for i in idx], tok.pad_token_id)
         loss = masked_lm_loss(model(input_ids=ids, attention_mask=mask).logits, labels)
         if not torch.isfinite(loss):
-            raise FloatingPointError(
-                f"expander SFT: non-finite loss at step {step}; nothing exported"
-            )
+            raise FloatingPointError(f"expander SFT: non-finite loss at step {step}; nothing exported")
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -244,23 +222,14 @@ def expand(
             top_k=None,
             pad_token_id=tok.pad_token_id,
         )
-        out += [
-            detokenize(t)
-            for t in tok.batch_decode(
-                ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True
-            )
-        ]
+        out += [detokenize(t) for t in tok.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)]
     return out
 
 
 def load_expander(folder: Path | str, device: str = "cpu"):
     """(model, tokenizer, template, max_new_tokens) of an exported expander folder."""
     model, tok = load_lm(folder, device)
-    rec = (
-        json.loads((Path(folder) / "expander.json").read_text())
-        if (Path(folder) / "expander.json").exists()
-        else {}
-    )
+    rec = json.loads((Path(folder) / "expander.json").read_text()) if (Path(folder) / "expander.json").exists() else {}
     return (
         model.eval(),
         tok,

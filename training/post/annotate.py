@@ -42,8 +42,16 @@ class Annotation:
         if len(set(self.order)) != len(self.order):
             raise ValueError(f"{self.pairs_dir}: pair ids repeat; a label could not say which pair it is for")
         self.prompt = dict(zip(self.order, table.column("prompt").to_pylist(), strict=True))
-        self.png = {pid: (w, lo) for pid, w, lo in zip(self.order, table.column("winner_png").to_pylist(), table.column("loser_png").to_pylist(), strict=True)}
-        self.store, self.annotator = store, make_label(self.sha256, self.pairs_dir, "", annotator, "tie").annotator  # a bad name fails now
+        self.png = {
+            pid: (w, lo)
+            for pid, w, lo in zip(
+                self.order, table.column("winner_png").to_pylist(), table.column("loser_png").to_pylist(), strict=True
+            )
+        }
+        self.store, self.annotator = (
+            store,
+            make_label(self.sha256, self.pairs_dir, "", annotator, "tie").annotator,
+        )  # a bad name fails now
         self.lock = threading.Lock()  # one label at a time: a DuckDB file takes one writer
         self.done = {lab.pair_id for lab in store.labels(self.sha256) if lab.annotator == self.annotator}
 
@@ -171,7 +179,3 @@ def make_server(annotation: Annotation, host: str = "127.0.0.1", port: int = 0) 
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     return server
-
-
-
-

@@ -126,7 +126,9 @@ def _step(run: PostRun, module, opt, loss: torch.Tensor, clip: float, what: str,
     loss.backward()
     norm = run.clip_grads(clip, module)
     if not np.isfinite(norm):
-        raise FloatingPointError(f"TDM iteration {it}: non-finite {what} gradient norm; lower post.distill learning rates")
+        raise FloatingPointError(
+            f"TDM iteration {it}: non-finite {what} gradient norm; lower post.distill learning rates"
+        )
     opt.step()
     return norm
 
@@ -138,15 +140,21 @@ def iteration(d: Distillation, it: int, cfg: KilnConfig) -> dict:
     tdm, run, student, mine = cfg.post.distill, d.run, d.student, d.mine
     B, n, device = tdm.batch, d.mine.stop - d.mine.start, run.device
     share = run.share(mine, B)
-    pick = np.random.default_rng(iteration_seed(tdm.seed, it, "tdm:prompts")).choice(len(d.prompts), size=B, replace=B > len(d.prompts))
+    pick = np.random.default_rng(iteration_seed(tdm.seed, it, "tdm:prompts")).choice(
+        len(d.prompts), size=B, replace=B > len(d.prompts)
+    )
     text = student.encode_text([d.prompts[i] for i in pick[mine]])
     ae = student.autoencoder
     shape = (B, ae.latent_channels, d.height // ae.downsample, d.width // ae.downsample)
-    noise = torch.randn(shape, generator=torch.Generator().manual_seed(iteration_seed(tdm.seed, it, "tdm:noise")))[mine].to(device)
+    noise = torch.randn(shape, generator=torch.Generator().manual_seed(iteration_seed(tdm.seed, it, "tdm:noise")))[
+        mine
+    ].to(device)
     states = student_trajectory(student, noise, text, d.times)
     fake_loss = weight_sum = fake_norm = 0.0  # sums over this rank's rows (the norm is global already)
     for j in range(tdm.fake_updates):
-        dr = draw(states, d.times, torch.Generator().manual_seed(iteration_seed(tdm.seed, it, f"tdm:fake{j}")), cfg, mine)
+        dr = draw(
+            states, d.times, torch.Generator().manual_seed(iteration_seed(tdm.seed, it, f"tdm:fake{j}")), cfg, mine
+        )
         with torch.no_grad():
             x0, x_t, eff = diffused(student, dr, text)
         w = importance_weights(eff, dr.z) if tdm.importance_weighting else torch.ones(n, device=device)
@@ -163,10 +171,24 @@ def iteration(d: Distillation, it: int, cfg: KilnConfig) -> dict:
     norm = _step(run, student, run.opt, terms.loss * share, tdm.grad_clip, "student", it)
     sums = run.all_sum([fake_loss, weight_sum, terms.loss.item() * n, terms.teacher_gap.sum()])
     fake_loss, weight, student_loss, gap = (v / B for v in sums)
-    return {"fake_loss": fake_loss, "importance_weight": weight, "fake_grad_norm": fake_norm, "student_loss": student_loss, "teacher_gap": gap, "student_grad_norm": norm}
+    return {
+        "fake_loss": fake_loss,
+        "importance_weight": weight,
+        "fake_grad_norm": fake_norm,
+        "student_loss": student_loss,
+        "teacher_gap": gap,
+        "student_grad_norm": norm,
+    }
 
 
-def distill(teacher_ckpt: Path, out: Path, cfg: KilnConfig, resume: bool = False, stop_at: int | None = None, overwrite: bool = False) -> Path:
+def distill(
+    teacher_ckpt: Path,
+    out: Path,
+    cfg: KilnConfig,
+    resume: bool = False,
+    stop_at: int | None = None,
+    overwrite: bool = False,
+) -> Path:
     """Distil `teacher_ckpt` into a `post.distill.student_steps`-step student in `out` (model.safetensors,
     config.json, sampler.json, train_state.json, tdm.json, DCP step checkpoints, tdm_history.jsonl).
     `resume`: continue from out's newest DCP checkpoint (without it, a folder holding an earlier run's
@@ -181,23 +203,56 @@ def distill(teacher_ckpt: Path, out: Path, cfg: KilnConfig, resume: bool = False
 
     post, tdm, out, teacher_ckpt = cfg.post, cfg.post.distill, Path(out), Path(teacher_ckpt)
     prompts = [p.prompt for p in rl_prompts(cfg)]
-    with open_run("tdm", teacher_ckpt, out, cfg, resume, tdm.lr, "iteration", weight_decay=tdm.weight_decay, trained={FAKE: tdm.fake_lr}, overwrite=overwrite) as run:
+    with open_run(
+        "tdm",
+        teacher_ckpt,
+        out,
+        cfg,
+        resume,
+        tdm.lr,
+        "iteration",
+        weight_decay=tdm.weight_decay,
+        trained={FAKE: tdm.fake_lr},
+        overwrite=overwrite,
+    ) as run:
         mine = run.rows(tdm.batch, "post.distill.batch")
         fake, fake_opt = run.trained[FAKE]
-        height, width = (post.resolution, post.resolution) if post.resolution else checkpoint_resolution(teacher_ckpt, cfg)
+        height, width = (
+            (post.resolution, post.resolution) if post.resolution else checkpoint_resolution(teacher_ckpt, cfg)
+        )
         shift = sampling_shift(run.policy, height, width, cfg.train)
         times = euler_timesteps(tdm.student_steps, shift).to(run.device)
         d = Distillation(run, run.frozen(teacher_ckpt), fake, fake_opt, prompts, height, width, shift, times, mine)
         run.policy.train(), fake.train()
         end = last_step(tdm.iterations, stop_at)
         for it in progress(range(run.start, end), desc="tdm", unit="iter", total=end - run.start):
-            record = {"iteration": it + 1, **iteration(d, it, cfg)}  # no wall-clock: the history is part of the pinned output
+            record = {
+                "iteration": it + 1,
+                **iteration(d, it, cfg),
+            }  # no wall-clock: the history is part of the pinned output
             done = it + 1
             run.step_done(record, done, tdm.save_every, end)
             if run.ranks.rank == 0:
-                log.info("tdm %d: fake loss %.4f, student loss %.4f, teacher gap %.4f", done, record["fake_loss"], record["student_loss"], record["teacher_gap"])
+                log.info(
+                    "tdm %d: fake loss %.4f, student loss %.4f, teacher gap %.4f",
+                    done,
+                    record["fake_loss"],
+                    record["student_loss"],
+                    record["teacher_gap"],
+                )
         if run.ranks.rank == 0:  # before the export, whose checksums mark the folder complete
             out.mkdir(parents=True, exist_ok=True)
-            write_sampler_settings(out, SamplerSettings(steps=tdm.student_steps, cfg_scale=1.0, shift=shift), distilled_from=str(teacher_ckpt), teacher_cfg=tdm.teacher_cfg, method="tdm")
-        record = {"from": str(teacher_ckpt), "iterations": end, "distill": tdm.model_dump(mode="json"), "prompts": len(prompts)}
+            write_sampler_settings(
+                out,
+                SamplerSettings(steps=tdm.student_steps, cfg_scale=1.0, shift=shift),
+                distilled_from=str(teacher_ckpt),
+                teacher_cfg=tdm.teacher_cfg,
+                method="tdm",
+            )
+        record = {
+            "from": str(teacher_ckpt),
+            "iterations": end,
+            "distill": tdm.model_dump(mode="json"),
+            "prompts": len(prompts),
+        }
         return run.export(teacher_ckpt, record)

@@ -29,13 +29,25 @@ def domain_prompts(domain: DomainRungConfig, cfg: KilnConfig) -> list[RubricProm
     return demo_rl_prompts(domain.eval_n, cfg.train.eval.seed + 1, family=domain.demo_family)
 
 
-def score_prompts(gen, prompts: list[RubricPrompt], judge, cfg: KilnConfig, height: int, width: int) -> tuple[float, dict[str, float]]:
+def score_prompts(
+    gen, prompts: list[RubricPrompt], judge, cfg: KilnConfig, height: int, width: int
+) -> tuple[float, dict[str, float]]:
     """(mean requirement score, per-attribute accuracy) of `gen` on `prompts` under the evaluation protocol."""
     from training.evaluation.rubric import rubric_scores
     from training.evaluation.sampling import generate, sampling_shift
 
     ec = cfg.train.eval
-    images = generate(gen, [p.prompt for p in prompts], ec.n_per_prompt, height, width, ec.steps, cfg.train.sample.cfg_scale, ec.seed, sampling_shift(gen, height, width, cfg.train))
+    images = generate(
+        gen,
+        [p.prompt for p in prompts],
+        ec.n_per_prompt,
+        height,
+        width,
+        ec.steps,
+        cfg.train.sample.cfg_scale,
+        ec.seed,
+        sampling_shift(gen, height, width, cfg.train),
+    )
     per_image, summary = rubric_scores(judge, prompts, images)
     return round(float(np.mean(per_image)), 4), summary
 
@@ -49,7 +61,9 @@ def domain_scores(checkpoint: Path, cfg: KilnConfig) -> dict[str, float]:
     gen = Generator.from_pretrained(checkpoint).eval()
     height, width = checkpoint_resolution(Path(checkpoint), cfg)
     judge = make_judge(cfg.post)
-    return {d.name: score_prompts(gen, domain_prompts(d, cfg), judge, cfg, height, width)[0] for d in cfg.ladder.domains}
+    return {
+        d.name: score_prompts(gen, domain_prompts(d, cfg), judge, cfg, height, width)[0] for d in cfg.ladder.domains
+    }
 
 
 def merge_domains(base: Path, sources: dict[str, Path], out: Path, cfg: KilnConfig) -> dict:
@@ -73,7 +87,9 @@ def merge_domains(base: Path, sources: dict[str, Path], out: Path, cfg: KilnConf
     table["base"] = domain_scores(base, cfg)
     table["merge"] = search["candidates"][search["kept"]]["scores"]
     (out / "domain_scores.json").write_text(json.dumps(table, indent=2, sort_keys=True) + "\n")
-    write_export_manifest(out)  # the copied held-out ids and train state are under the folder's checksums (EXPORT_FILES)
+    write_export_manifest(
+        out
+    )  # the copied held-out ids and train state are under the folder's checksums (EXPORT_FILES)
     return {"scores": table, "search": search}
 
 
@@ -81,5 +97,7 @@ def merge_domain_checkpoints(base: Path, sources: list[Path], out: Path, cfg: Ki
     """`kiln merge-domains` (the `checkpoint_merged` node): `sources` in the order of `ladder.domains`."""
     names = [d.name for d in cfg.ladder.domains]
     if len(names) != len(sources):
-        raise UserError(f"merge-domains: {len(sources)} --source for the {len(names)} domains of ladder.domains ({', '.join(names) or 'none'})")
+        raise UserError(
+            f"merge-domains: {len(sources)} --source for the {len(names)} domains of ladder.domains ({', '.join(names) or 'none'})"
+        )
     return merge_domains(Path(base), dict(zip(names, map(Path, sources), strict=True)), Path(out), cfg)

@@ -29,7 +29,14 @@ HISTORY = "dpo_history.jsonl"
 
 
 def dpo(
-    checkpoint: Path, pairs: Path, out: Path, cfg: KilnConfig, resume: bool = False, stop_at: int | None = None, source: str | None = None, overwrite: bool = False
+    checkpoint: Path,
+    pairs: Path,
+    out: Path,
+    cfg: KilnConfig,
+    resume: bool = False,
+    stop_at: int | None = None,
+    source: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
     from training.core.objective import sample_timesteps
     from training.evaluation.sampling import checkpoint_resolution, sampling_shift
@@ -74,9 +81,18 @@ def dpo(
                 raise FloatingPointError(f"DPO step {step}: non-finite gradient norm; lower post.dpo_lr")
             run.opt.step()
             done, n = step + 1, len(local)
-            sums = run.all_sum([terms.loss.item() * n, terms.winner_loglik.sum(), terms.loser_loglik.sum(), terms.accuracy.item() * n])
+            sums = run.all_sum(
+                [terms.loss.item() * n, terms.winner_loglik.sum(), terms.loser_loglik.sum(), terms.accuracy.item() * n]
+            )
             loss, winner, loser, accuracy = (s / batch for s in sums)
-            record = {"step": done, "loss": loss, "winner_loglik": winner, "loser_loglik": loser, "accuracy": accuracy, "grad_norm": grad_norm}
+            record = {
+                "step": done,
+                "loss": loss,
+                "winner_loglik": winner,
+                "loser_loglik": loser,
+                "accuracy": accuracy,
+                "grad_norm": grad_norm,
+            }
             try:
                 warning = guard.update(done, winner, loser)
             except DivergenceError as e:
@@ -89,5 +105,13 @@ def dpo(
                 if run.ranks.rank == 0:
                     log.warning("dpo: %s", warning)
             run.step_done(record, done, post.save_every, end)
-        record = {"from": str(checkpoint), "pairs": str(pairs), "rows": table.num_rows, "source": source, "steps": end, "guard_fired_at": guard.fired_at, "post": post.model_dump(mode="json")}
+        record = {
+            "from": str(checkpoint),
+            "pairs": str(pairs),
+            "rows": table.num_rows,
+            "source": source,
+            "steps": end,
+            "guard_fired_at": guard.fired_at,
+            "post": post.model_dump(mode="json"),
+        }
         return run.export(checkpoint, record)

@@ -45,7 +45,15 @@ def check_post_config(cfg: KilnConfig) -> None:
         raise ConfigError("post-training cannot run:\n" + "\n".join(f"  {k}: {why}" for k, why in problems))
 
 
-def grpo(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = False, stop_at: int | None = None, mix=None, overwrite: bool = False) -> Path:
+def grpo(
+    checkpoint: Path,
+    out: Path,
+    cfg: KilnConfig,
+    resume: bool = False,
+    stop_at: int | None = None,
+    mix=None,
+    overwrite: bool = False,
+) -> Path:
     """RL from `checkpoint` into `out` (model.safetensors + config.json, DCP step checkpoints, history).
     `mix`: a training.evaluation.rewards.RewardMix to use instead of the configured `post.rewards`."""
     from training.evaluation.rewards import configured_reward_mix
@@ -59,20 +67,28 @@ def grpo(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = False, sto
         mine = run.rows(P, "post.prompts_per_iter")  # this rank's prompts, each with its whole group
         samples = slice(mine.start * G, mine.stop * G)  # and their rows of the iteration's P * G samples
         policy, reference, device = run.policy, run.frozen(checkpoint), run.device
-        height, width = (post.resolution, post.resolution) if post.resolution else checkpoint_resolution(Path(checkpoint), cfg)
+        height, width = (
+            (post.resolution, post.resolution) if post.resolution else checkpoint_resolution(Path(checkpoint), cfg)
+        )
         shift = sampling_shift(policy, height, width, cfg.train)
         ds = policy.autoencoder.downsample
         mix = mix or configured_reward_mix(cfg)
         end = last_step(post.iterations, stop_at)
         for it in progress(range(run.start, end), desc="grpo", unit="iter", total=end - run.start):
-            pick = np.random.default_rng(iteration_seed(post.seed, it, "prompts")).choice(len(prompts), size=P, replace=False)
+            pick = np.random.default_rng(iteration_seed(post.seed, it, "prompts")).choice(
+                len(prompts), size=P, replace=False
+            )
             chosen = [prompts[i] for i in pick[mine]]
             text = policy.encode_text([p.prompt for p in chosen for _ in range(G)])
             shape = (P * G, policy.autoencoder.latent_channels, height // ds, width // ds)
-            noise = torch.randn(shape, generator=torch.Generator().manual_seed(iteration_seed(post.seed, it, "noise")))[samples].to(device)
+            noise = torch.randn(shape, generator=torch.Generator().manual_seed(iteration_seed(post.seed, it, "noise")))[
+                samples
+            ].to(device)
             policy.eval()
             sde = torch.Generator().manual_seed(iteration_seed(post.seed, it, "sde"))
-            traj = rollout(conditioned(policy, text), noise, post.sample_steps, shift, post.eta, sde, rows=samples, batch=P * G)
+            traj = rollout(
+                conditioned(policy, text), noise, post.sample_steps, shift, post.eta, sde, rows=samples, batch=P * G
+            )
             images = policy.autoencoder.decode(traj.final).cpu().numpy().reshape(len(chosen), G, height, width, 3)
             scores, parts = zip(*(mix.score(p, ims) for p, ims in zip(chosen, images, strict=True)), strict=True)
             rewards = torch.tensor(np.nan_to_num(np.stack(scores), nan=0.0), dtype=torch.float32)
@@ -100,13 +116,25 @@ def grpo(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = False, sto
                 run.opt.step()
             names = list(parts[0])
             by_name = [np.stack([p[name] for p in parts]) for name in names]
-            sums = run.all_sum([local["loss"], local["kl"], local["clipped"], rewards.sum(), *(np.nansum(v) for v in by_name), *(np.sum(~np.isnan(v)) for v in by_name)])
+            sums = run.all_sum(
+                [
+                    local["loss"],
+                    local["kl"],
+                    local["clipped"],
+                    rewards.sum(),
+                    *(np.nansum(v) for v in by_name),
+                    *(np.sum(~np.isnan(v)) for v in by_name),
+                ]
+            )
             loss_sum, kl_sum, clipped_sum, reward_sum = sums[:4]
             name_sums, name_counts = sums[4 : 4 + len(names)], sums[4 + len(names) :]
             record = {
                 "iteration": it + 1,
                 "reward": reward_sum / (P * G),
-                **{f"reward_{name}": s / c if c else float("nan") for name, s, c in zip(names, name_sums, name_counts, strict=True)},
+                **{
+                    f"reward_{name}": s / c if c else float("nan")
+                    for name, s, c in zip(names, name_sums, name_counts, strict=True)
+                },
                 "loss": loss_sum / (P * G) / post.inner_epochs,
                 "kl": kl_sum / (P * G) / post.inner_epochs,
                 "clipped": clipped_sum / (P * G) / post.inner_epochs,
@@ -115,5 +143,10 @@ def grpo(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = False, sto
             done = it + 1
             run.step_done(record, done, post.save_every, end)
             if run.ranks.rank == 0:
-                log.info("grpo %d: reward %.3f kl %.4f clipped %.2f", done, record["reward"], record["kl"], record["clipped"])
-        return run.export(checkpoint, {"from": str(checkpoint), "iterations": end, "post": post.model_dump(mode="json"), "prompts": len(prompts)})
+                log.info(
+                    "grpo %d: reward %.3f kl %.4f clipped %.2f", done, record["reward"], record["kl"], record["clipped"]
+                )
+        return run.export(
+            checkpoint,
+            {"from": str(checkpoint), "iterations": end, "post": post.model_dump(mode="json"), "prompts": len(prompts)},
+        )

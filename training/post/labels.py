@@ -176,7 +176,12 @@ def human_pairs(pairs_dir: Path, store: LabelStore, out: Path, overwrite: bool =
     rows = table.to_pylist()
     known = {r["pair_id"] for r in rows}
     verdicts = {pid: vote(p) for pid, p in picks.items() if pid in known}
-    swap = {"winner_png": "loser_png", "winner_reward": "loser_reward", "winner_rewards": "loser_rewards", "winner_index": "loser_index"}
+    swap = {
+        "winner_png": "loser_png",
+        "winner_reward": "loser_reward",
+        "winner_rewards": "loser_rewards",
+        "winner_index": "loser_index",
+    }
     swap |= {v: k for k, v in swap.items()}
     kept = []
     for r in rows:

@@ -60,7 +60,9 @@ def resolve_weights(weights: Sequence[float], n: int) -> list[float]:
     if not weights:
         return [1.0 / n] * n
     if len(weights) != n:
-        raise ValueError(f"post.merge.weights has {len(weights)} entries for {n} sources: give one weight per source, in source order (or none: equal)")
+        raise ValueError(
+            f"post.merge.weights has {len(weights)} entries for {n} sources: give one weight per source, in source order (or none: equal)"
+        )
     return [float(w) for w in weights]
 
 
@@ -142,7 +144,9 @@ def keep_mask(seed: int, source: int, name: str, index: Tensor, density: float) 
     return out.view(index.shape)
 
 
-def block_index(shape: Sequence[int], offsets: Sequence[int] | None = None, sizes: Sequence[int] | None = None) -> Tensor:
+def block_index(
+    shape: Sequence[int], offsets: Sequence[int] | None = None, sizes: Sequence[int] | None = None
+) -> Tensor:
     """Global flat (row-major) positions of the block of a `shape` tensor that starts at `offsets` and has
     `sizes` (the whole tensor by default): what a shard passes to `keep_mask` / `dare`."""
     offsets = list(offsets) if offsets is not None else [0] * len(shape)
@@ -160,17 +164,31 @@ def _full_mask(seed: int, source: int, name: str, shape: torch.Size, density: fl
     n = math.prod(shape)
     out = torch.empty(n, dtype=torch.bool)
     for start in range(0, n, _CHUNK):
-        out[start : start + _CHUNK] = keep_mask(seed, source, name, torch.arange(start, min(n, start + _CHUNK)), density)
+        out[start : start + _CHUNK] = keep_mask(
+            seed, source, name, torch.arange(start, min(n, start + _CHUNK)), density
+        )
     return out.view(shape)
 
 
-def dare(base: Tensor, tensors: Sequence[Tensor], weights: Sequence[float], density: float, scale: float, seed: int, name: str, index: Tensor | None = None, elect_sign: bool = False) -> Tensor:
+def dare(
+    base: Tensor,
+    tensors: Sequence[Tensor],
+    weights: Sequence[float],
+    density: float,
+    scale: float,
+    seed: int,
+    name: str,
+    index: Tensor | None = None,
+    elect_sign: bool = False,
+) -> Tensor:
     """DARE (arXiv:2311.03099): each task vector's entries kept with probability `density` and rescaled
     by 1/density, then task arithmetic (or, with `elect_sign`, TIES's sign election and disjoint mean:
     dare_ties). `index`: the global flat positions of these entries when they are a shard of `name`."""
     deltas = []
     for i, t in enumerate(tensors):
-        keep = _full_mask(seed, i, name, t.shape, density) if index is None else keep_mask(seed, i, name, index, density)
+        keep = (
+            _full_mask(seed, i, name, t.shape, density) if index is None else keep_mask(seed, i, name, index, density)
+        )
         deltas.append(torch.where(keep, (t - base) / density, 0.0))
     if elect_sign:
         return base + scale * disjoint_mean(deltas, weights)
@@ -204,12 +222,17 @@ def merge_tensor(name: str, tensors: Sequence[Tensor], base: Tensor | None, cfg:
     return out.to(first.dtype)
 
 
-def merge_state_dicts(sources: Sequence[dict[str, Tensor]], base: dict[str, Tensor] | None, cfg: MergeConfig) -> dict[str, Tensor]:
+def merge_state_dicts(
+    sources: Sequence[dict[str, Tensor]], base: dict[str, Tensor] | None, cfg: MergeConfig
+) -> dict[str, Tensor]:
     """The merge of in-memory state dicts (same names and shapes): small models and tests."""
     for i, s in enumerate(sources[1:], 1):
         if sorted(s) != sorted(sources[0]):
             raise ValueError(f"source {i} has other tensors than source 0: {sorted(set(s) ^ set(sources[0]))[:5]}")
-    return {name: merge_tensor(name, [s[name] for s in sources], None if base is None else base[name], cfg) for name in sorted(sources[0])}
+    return {
+        name: merge_tensor(name, [s[name] for s in sources], None if base is None else base[name], cfg)
+        for name in sorted(sources[0])
+    }
 
 
 # ------------------------------------------------------------------------------------------ checkpoints
@@ -255,10 +278,16 @@ class _DcpStep:
 
         self.path, self.run = path, path.parent.parent
         if not (self.run / "config.json").exists():
-            raise ValueError(f"{path} is a DCP step of {self.run}, which has no config.json (the run's export names the model): export the run first")
+            raise ValueError(
+                f"{path} is a DCP step of {self.run}, which has no config.json (the run's export names the model): export the run first"
+            )
         self.config = json.loads((self.run / "config.json").read_text())
         meta = load_metadata(path / ".metadata")
-        self.specs = {k.removeprefix("model."): (v.properties.dtype, tuple(v.size)) for k, v in meta.state_dict_metadata.items() if k.startswith("model.") and isinstance(v, TensorStorageMetadata)}
+        self.specs = {
+            k.removeprefix("model."): (v.properties.dtype, tuple(v.size))
+            for k, v in meta.state_dict_metadata.items()
+            if k.startswith("model.") and isinstance(v, TensorStorageMetadata)
+        }
         if not self.specs:
             raise ValueError(f"{path} holds no model weights (no 'model.' entries in its DCP metadata)")
         tp = int(json.loads((path / META).read_text()).get("tp", 1))
@@ -313,7 +342,9 @@ def _check_same_model(readers: list, labels: list[str]) -> None:
     first = readers[0]
     for reader, label in zip(readers[1:], labels[1:]):
         if (reader.config["model"], reader.config["dit"]) != (first.config["model"], first.config["dit"]):
-            raise ValueError(f"{label} {reader.path} is another model than {labels[0]} {first.path}: merging combines checkpoints of one model")
+            raise ValueError(
+                f"{label} {reader.path} is another model than {labels[0]} {first.path}: merging combines checkpoints of one model"
+            )
         if sorted(reader.specs) != sorted(first.specs):
             diff = sorted(set(reader.specs) ^ set(first.specs))
             raise ValueError(f"{label} {reader.path} has other tensors than {first.path}: {diff[:5]}")
@@ -339,7 +370,9 @@ def _together(fn: Callable, group):
     return result
 
 
-def _merge_my_tensors(readers: list, base_reader, names: list[str], specs: dict[str, Spec], path: Path, cfg: MergeConfig, metadata: dict) -> None:
+def _merge_my_tensors(
+    readers: list, base_reader, names: list[str], specs: dict[str, Spec], path: Path, cfg: MergeConfig, metadata: dict
+) -> None:
     writer = SafetensorsWriter(path, {n: specs[n] for n in names}, metadata)
     try:
         for name in names:  # sorted: the writer's order
@@ -353,7 +386,9 @@ def _merge_my_tensors(readers: list, base_reader, names: list[str], specs: dict[
     writer.close()
 
 
-def merge_checkpoints(sources: Sequence[Path], base: Path | None, out: Path, cfg: MergeConfig, trust_unsigned: bool = False) -> Path:
+def merge_checkpoints(
+    sources: Sequence[Path], base: Path | None, out: Path, cfg: MergeConfig, trust_unsigned: bool = False
+) -> Path:
     """Merge `sources` (export folders or DCP step folders, any mix) against `base` (unused by `linear`)
     into the export folder `out`, streaming tensor by tensor. In a torch.distributed job every rank calls
     it and takes its share of the tensors. `trust_unsigned`: read DCP steps another key signed."""
@@ -423,11 +458,15 @@ def merge_exports(sources: Sequence[Path], base: Path | None, out: Path, cfg: Me
     the export folder `out`: each source's checksums verified, one tensor per source in memory at a time."""
     for p in [*sources, *([base] if base is not None else [])]:
         if not (Path(p) / "model.safetensors").exists():
-            raise ValueError(f"{p} is not an export folder (no model.safetensors): merge_dcp reads DCP step checkpoints")
+            raise ValueError(
+                f"{p} is not an export folder (no model.safetensors): merge_dcp reads DCP step checkpoints"
+            )
     return merge_checkpoints(sources, base, out, cfg)
 
 
-def merge_dcp(sources: Sequence[Path], base: Path | None, out: Path, cfg: MergeConfig, trust_unsigned: bool = False) -> Path:
+def merge_dcp(
+    sources: Sequence[Path], base: Path | None, out: Path, cfg: MergeConfig, trust_unsigned: bool = False
+) -> Path:
     """Merge DCP step checkpoints (`<run>/dcp/step-NNNNNN`, signed by this user's key unless
     `trust_unsigned`; the base may also be an export) into the export folder `out`, without gathering the
     model anywhere: one tensor per source at a time, and under torch.distributed each rank merges its own
@@ -457,11 +496,16 @@ def search_candidates(cfg: MergeConfig, n: int) -> list[MergeConfig]:
     """The merges `merge_search` tries, in order: each of `cfg.search` over `cfg`, then the weight grid;
     `cfg` alone when both are empty. Every candidate's weights are checked against the n sources."""
     plain = cfg.model_copy(update={"search": [], "grid": 0})
-    out = [plain.model_copy(update={k: v for k, v in c.model_dump().items() if v is not None and v != []}) for c in cfg.search]
+    out = [
+        plain.model_copy(update={k: v for k, v in c.model_dump().items() if v is not None and v != []})
+        for c in cfg.search
+    ]
     if cfg.grid:
         count = math.comb(cfg.grid + n - 1, n - 1)
         if len(out) + count > MAX_CANDIDATES:
-            raise ValueError(f"post.merge.grid={cfg.grid} over {n} sources is {count} weight vectors (+{len(out)} listed): the search tries at most {MAX_CANDIDATES}")
+            raise ValueError(
+                f"post.merge.grid={cfg.grid} over {n} sources is {count} weight vectors (+{len(out)} listed): the search tries at most {MAX_CANDIDATES}"
+            )
         out += [plain.model_copy(update={"weights": w}) for w in simplex_grid(n, cfg.grid)]
     out = out or [plain]
     for i, c in enumerate(out):
@@ -472,7 +516,14 @@ def search_candidates(cfg: MergeConfig, n: int) -> list[MergeConfig]:
     return out
 
 
-def merge_search(sources: Sequence[Path], base: Path | None, out: Path, cfg: MergeConfig, score: Callable[[Path], dict[str, float]], trust_unsigned: bool = False) -> dict:
+def merge_search(
+    sources: Sequence[Path],
+    base: Path | None,
+    out: Path,
+    cfg: MergeConfig,
+    score: Callable[[Path], dict[str, float]],
+    trust_unsigned: bool = False,
+) -> dict:
     """Try each of `search_candidates(cfg)`, score each merged checkpoint folder with `score` (per-domain
     scores, higher is better: the caller's evaluation protocol), keep the best by the mean of its scores
     (ties: the first; a non-finite mean is never kept) in `out`, and write `out/merge_search.json` listing
@@ -492,7 +543,9 @@ def merge_search(sources: Sequence[Path], base: Path | None, out: Path, cfg: Mer
             merge_checkpoints(sources, base, folder, c, trust_unsigned)
             scores = {str(k): float(v) for k, v in score(folder).items()}
             if not scores:
-                raise ValueError(f"the score of merge candidate {i} ({folder}) is empty: it must score at least one domain")
+                raise ValueError(
+                    f"the score of merge candidate {i} ({folder}) is empty: it must score at least one domain"
+                )
             mean = sum(scores.values()) / len(scores)
             rows.append(
                 {

@@ -56,7 +56,9 @@ def pick_pair(total: np.ndarray, margin: float) -> tuple[int, int] | None:
 
 def reward_vector(parts: dict[str, np.ndarray], i: int) -> str:
     """One image's score under each reward, as JSON (null where a reward did not score it)."""
-    return json.dumps({k: (None if np.isnan(v[i]) else round(float(v[i]), 6)) for k, v in parts.items()}, sort_keys=True)
+    return json.dumps(
+        {k: (None if np.isnan(v[i]) else round(float(v[i]), 6)) for k, v in parts.items()}, sort_keys=True
+    )
 
 
 def make_pairs(checkpoint: Path, out: Path, cfg: KilnConfig) -> dict:
@@ -74,7 +76,17 @@ def make_pairs(checkpoint: Path, out: Path, cfg: KilnConfig) -> dict:
     mix = configured_reward_mix(cfg)
     rows: dict[str, list] = {f.name: [] for f in PAIRS}
     seed = post.seed
-    images = generate(gen, [p.prompt for p in prompts], post.pair_k, h, w, cfg.train.sample.steps, cfg.train.sample.cfg_scale, seed, sampling_shift(gen, h, w, cfg.train))
+    images = generate(
+        gen,
+        [p.prompt for p in prompts],
+        post.pair_k,
+        h,
+        w,
+        cfg.train.sample.steps,
+        cfg.train.sample.cfg_scale,
+        seed,
+        sampling_shift(gen, h, w, cfg.train),
+    )
     considered = 0
     for p_i, (rp, ims) in enumerate(zip(prompts, images, strict=True)):
         total, parts = mix.score(rp, ims)

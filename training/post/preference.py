@@ -31,7 +31,9 @@ class DPOTerms:
     accuracy: Tensor  # scalar: share of pairs whose implicit reward ranks the winner first
 
 
-def dpo_loss(e_w: Tensor, e_l: Tensor, e_w_ref: Tensor, e_l_ref: Tensor, beta: float, winner_anchor: float = 0.0) -> DPOTerms:
+def dpo_loss(
+    e_w: Tensor, e_l: Tensor, e_w_ref: Tensor, e_l_ref: Tensor, beta: float, winner_anchor: float = 0.0
+) -> DPOTerms:
     """Diffusion-DPO on per-sample velocity errors [B] (policy and reference, winner and loser)."""
     d_w, d_l = e_w - e_w_ref, e_l - e_l_ref
     margin = -0.5 * beta * (d_w - d_l)

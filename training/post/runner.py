@@ -67,7 +67,9 @@ class PostRun:
     ckpt: Checkpointer
     start: int  # the step (iteration) this call starts at: 0, or the resumed one
     step_key: str  # the history field holding the step number
-    trained: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] = field(default_factory=dict)  # further trained copies, by name
+    trained: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] = field(
+        default_factory=dict
+    )  # further trained copies, by name
 
     @property
     def history_path(self) -> Path:
@@ -86,7 +88,9 @@ class PostRun:
         from training.core.distributed import local_rows
 
         if n < self.ranks.dp_size:
-            raise ValueError(f"{self.kind}: {what}={n} cannot be split over {self.ranks.dp_size} data-parallel ranks: use at least {self.ranks.dp_size}, or fewer ranks")
+            raise ValueError(
+                f"{self.kind}: {what}={n} cannot be split over {self.ranks.dp_size} data-parallel ranks: use at least {self.ranks.dp_size}, or fewer ranks"
+            )
         return local_rows(n, self.ranks.dp_rank, self.ranks.dp_size)
 
     def share(self, rows: slice, n: int) -> float:
@@ -134,7 +138,9 @@ class PostRun:
         from training.core.runtime import require_finite_weights
 
         self.ckpt.wait()
-        require_finite_weights(self.policy, self.device, f"{self.kind}: the export to {self.out}")  # every rank answers: one rank's NaN stops them all
+        require_finite_weights(
+            self.policy, self.device, f"{self.kind}: the export to {self.out}"
+        )  # every rank answers: one rank's NaN stops them all
         plain = self.policy
         if self.mesh is not None:
             state = full_model_state(self.policy, self.cfg.train.parallel.tp)  # every rank takes part; rank 0 receives
@@ -144,10 +150,14 @@ class PostRun:
         if self.ranks.rank == 0:
             plain.save_pretrained(self.out)
             state_file = Path(checkpoint) / STATE_FILE
-            if state_file.exists():  # the evaluation and sampler read the bucket and config the checkpoint was trained at
+            if (
+                state_file.exists()
+            ):  # the evaluation and sampler read the bucket and config the checkpoint was trained at
                 (self.out / STATE_FILE).write_text(state_file.read_text())
             layout = {"world_size": self.ranks.world, "tp": self.cfg.train.parallel.tp}
-            (self.out / f"{self.kind}.json").write_text(json.dumps(record | {"parallel": layout}, indent=2, sort_keys=True) + "\n")
+            (self.out / f"{self.kind}.json").write_text(
+                json.dumps(record | {"parallel": layout}, indent=2, sort_keys=True) + "\n"
+            )
             write_export_manifest(self.out)  # last: the folder is complete when its checksums are
         _barrier()
         return self.out
@@ -155,7 +165,15 @@ class PostRun:
 
 @contextmanager
 def open_run(
-    kind: str, checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool, lr: float, step_key: str, weight_decay: float = 0.0, trained: dict[str, float] | None = None,
+    kind: str,
+    checkpoint: Path,
+    out: Path,
+    cfg: KilnConfig,
+    resume: bool,
+    lr: float,
+    step_key: str,
+    weight_decay: float = 0.0,
+    trained: dict[str, float] | None = None,
     overwrite: bool = False,
 ) -> Iterator[PostRun]:
     """Join the job's ranks, load and parallelize the policy from `checkpoint`, make its optimiser and
@@ -180,18 +198,35 @@ def open_run(
         prepare_output(out, resume, overwrite, ranks.rank)  # before any save could replace an earlier run's steps
 
         def model_and_opt(rate: float):
-            module = parallelize(Generator.from_pretrained(checkpoint, device=runtime.device), mesh, parallel, runtime.device.type)
-            return module, torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=rate, weight_decay=weight_decay)
+            module = parallelize(
+                Generator.from_pretrained(checkpoint, device=runtime.device), mesh, parallel, runtime.device.type
+            )
+            return module, torch.optim.AdamW(
+                [p for p in module.parameters() if p.requires_grad], lr=rate, weight_decay=weight_decay
+            )
 
         policy, opt = model_and_opt(lr)
         extra = {name: model_and_opt(rate) for name, rate in (trained or {}).items()}
-        ckpt = Checkpointer(out, keep=2, async_save=False, mesh_facts={"kind": kind, "tp": parallel.tp, "world_size": ranks.world}, aux=extra)
+        ckpt = Checkpointer(
+            out,
+            keep=2,
+            async_save=False,
+            mesh_facts={"kind": kind, "tp": parallel.tp, "world_size": ranks.world},
+            aux=extra,
+        )
         start = (ckpt.load_latest(policy, opt) if resume else None) or RunState(0, DataPosition())
         run = PostRun(kind, out, cfg, runtime.device, mesh, ranks, policy, opt, ckpt, start.step, step_key, extra)
         if ranks.rank == 0:
             out.mkdir(parents=True, exist_ok=True)
             _restart_history(run, resume)
-            log.info("%s: %d ranks (dp_shard %d x tp %d), steps from %d", kind, ranks.world, ranks.dp_size, parallel.tp, run.start)
+            log.info(
+                "%s: %d ranks (dp_shard %d x tp %d), steps from %d",
+                kind,
+                ranks.world,
+                ranks.dp_size,
+                parallel.tp,
+                run.start,
+            )
         _barrier()
         yield run
     except BaseException:

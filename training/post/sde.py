@@ -74,7 +74,16 @@ def sde_timesteps(steps: int, shift: float) -> Tensor:
 
 
 @torch.no_grad()
-def rollout(velocity, noise: Tensor, steps: int, shift: float, eta: float, generator: torch.Generator, rows: slice | None = None, batch: int | None = None) -> Trajectory:
+def rollout(
+    velocity,
+    noise: Tensor,
+    steps: int,
+    shift: float,
+    eta: float,
+    generator: torch.Generator,
+    rows: slice | None = None,
+    batch: int | None = None,
+) -> Trajectory:
     """Sample with the SDE from `noise` (t = 1) to t = 0; `velocity(x, t)` is the policy's v (no CFG in RL).
 
     The last step (to t = 0) is taken deterministically, as Flow-GRPO does: its noise would be left in the

@@ -86,7 +86,15 @@ class StudentTerms(NamedTuple):
     teacher_gap: Tensor  # [B] mean |x0 - x0_teacher|: DMD's normaliser, logged as the distance to the teacher
 
 
-def distribution_matching_loss(x0: Tensor, x_t: Tensor, t: Tensor | float, v_real: Tensor, v_fake: Tensor, huber_c: float = 0.0, floor: float = 1e-8) -> StudentTerms:
+def distribution_matching_loss(
+    x0: Tensor,
+    x_t: Tensor,
+    t: Tensor | float,
+    v_real: Tensor,
+    v_fake: Tensor,
+    huber_c: float = 0.0,
+    floor: float = 1e-8,
+) -> StudentTerms:
     """The student's TDM loss. x0: its clean prediction (with grad); v_real (the guided teacher) and v_fake
     at (x_t, t), without grad. With x0_real = x_t - t v_real, x0_fake = x_t - t v_fake and, per sample,
     w = max(mean |x0 - x0_real|, floor), the target is x0 + (x0_real - x0_fake) (detached) and the loss
@@ -108,7 +116,15 @@ class StagePoints(NamedTuple):
     t: Tensor  # [B] the time it is diffused to, and where teacher and fake score are asked
 
 
-def stage_points(times: Tensor, stage: Tensor, u_mid: Tensor, u_t: Tensor, t_min: float, decoupled: bool = True, random_mid: bool = False) -> StagePoints:
+def stage_points(
+    times: Tensor,
+    stage: Tensor,
+    u_mid: Tensor,
+    u_t: Tensor,
+    t_min: float,
+    decoupled: bool = True,
+    random_mid: bool = False,
+) -> StagePoints:
     """The times of one TDM draw. times: the student's K + 1 Euler times from 1 to 0; stage [B] in 0..K-1;
     u_mid, u_t [B] uniform in [0, 1). s = t_{i+1} (random_mid: t_{i+1} + u_mid (t_i - t_{i+1})); t uniform in
     [max(s, t_min), t_i] (decoupled: the stage's own interval; otherwise up to 1), never below s."""

@@ -13,7 +13,9 @@ from training.style.train import style_train
 EVAL_FILE = "style_eval.json"
 
 
-def style_command(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = False, overwrite: bool = False, evaluate: bool = False) -> dict:
+def style_command(
+    checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = False, overwrite: bool = False, evaluate: bool = False
+) -> dict:
     done = style_train(Path(checkpoint), Path(out), cfg, resume=resume, overwrite=overwrite)
     if not evaluate:
         return {"checkpoint": str(done)}

@@ -94,10 +94,19 @@ def style_cases(n: int, seed: int, height: int, width: int) -> list[StyleCase]:
             continue
         prompt = sample_scene(rng, "single_shape")
         s = prompt.shapes[0]
-        if s.size != "large" or s.count != 1 or s.shape == ref.shapes[0].shape or _contrast(s.color, ref.background.color) < MIN_CONTRAST:
+        if (
+            s.size != "large"
+            or s.count != 1
+            or s.shape == ref.shapes[0].shape
+            or _contrast(s.color, ref.background.color) < MIN_CONTRAST
+        ):
             continue
         image = np.asarray(render(ref, width, height), np.uint8)
-        out.append(StyleCase(content_prompt(prompt), s.color, s.shape, s.position, image, ref.background.color, ref.shapes[0].shape))
+        out.append(
+            StyleCase(
+                content_prompt(prompt), s.color, s.shape, s.position, image, ref.background.color, ref.shapes[0].shape
+            )
+        )
     return out
 
 

@@ -15,7 +15,9 @@ from pathlib import Path
 from kiln.config import KilnConfig
 
 
-def evaluate_style(gen, cfg: KilnConfig, height: int, width: int, strengths: list[float] | None = None, cases: int | None = None) -> dict:
+def evaluate_style(
+    gen, cfg: KilnConfig, height: int, width: int, strengths: list[float] | None = None, cases: int | None = None
+) -> dict:
     """{"strengths": [...], "per_strength": [{strength, transfer, leakage, content, color}], "transfer_monotone",
     "max_leakage", "leakage_bound", "leakage_ok"} for a Generator with a reference pathway."""
     from model.sampler import sample
@@ -29,7 +31,17 @@ def evaluate_style(gen, cfg: KilnConfig, height: int, width: int, strengths: lis
     rows = []
     for s in strengths:
         refs = gen.encode_references([[c.reference] for c in chosen], [[s] for _ in chosen])
-        images = sample(gen, [c.prompt for c in chosen], height, width, style.eval_steps, style.eval_cfg_scale, style.seed, shift=shift, refs=refs)
+        images = sample(
+            gen,
+            [c.prompt for c in chosen],
+            height,
+            width,
+            style.eval_steps,
+            style.eval_cfg_scale,
+            style.seed,
+            shift=shift,
+            refs=refs,
+        )
         rows.append({"strength": s} | style_scores(images, chosen))
     transfer = [r["transfer"] for r in rows]
     leak = max(r["leakage"] for r in rows)
@@ -51,5 +63,3 @@ def evaluate_style_checkpoint(checkpoint: Path, cfg: KilnConfig, **kw) -> dict:
     gen = Generator.from_pretrained(checkpoint).eval()
     h, w = checkpoint_resolution(Path(checkpoint), cfg)
     return evaluate_style(gen, cfg, h, w, **kw)
-
-

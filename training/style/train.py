@@ -71,7 +71,14 @@ def start_checkpoint(checkpoint: Path, out: Path, cfg: KilnConfig, fresh: bool =
     return start
 
 
-def style_train(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = False, stop_at: int | None = None, overwrite: bool = False) -> Path:
+def style_train(
+    checkpoint: Path,
+    out: Path,
+    cfg: KilnConfig,
+    resume: bool = False,
+    stop_at: int | None = None,
+    overwrite: bool = False,
+) -> Path:
     """Train style references from `checkpoint` into `out` (model.safetensors + config.json with the
     pathway enabled, DCP step checkpoints, style_history.jsonl, style.json). A fresh run into a folder
     with an earlier run's checkpoints is refused unless `overwrite`."""
@@ -120,5 +127,10 @@ def style_train(checkpoint: Path, out: Path, cfg: KilnConfig, resume: bool = Fal
             run.step_done({"step": done, "loss": loss_sum / B, "grad_norm": grad_norm}, done, style.save_every, end)
             if run.ranks.rank == 0 and done % max(1, style.save_every) == 0:
                 log.info("style %d: loss %.4f", done, loss_sum / B)
-        record = {"from": str(checkpoint), "steps": end, "style": style.model_dump(mode="json"), "reference": policy.cfg.reference.model_dump(mode="json")}
+        record = {
+            "from": str(checkpoint),
+            "steps": end,
+            "style": style.model_dump(mode="json"),
+            "reference": policy.cfg.reference.model_dump(mode="json"),
+        }
         return run.export(start, record)
