@@ -1,21 +1,19 @@
-"""The registry: every node of the graph, once, and every command that makes one. The doors are generated
-from it: the `kiln` subcommand (kiln.cli), the Dagster asset with its code and data versions
-(dagster_project.assets) and the DVC stage with its deps, params and outs (kiln.dvcgen). Adding a node is
-one `Node` row here and one function in assets/ or training/; no door is wired by hand.
+"""The registry: every node of the graph, once. The doors are generated from it: the Dagster asset with its code
+and data versions (dagster_project.assets) and the DVC stage with its deps, params and outs (kiln.dvcgen); each
+node names the `kiln` command that makes it (kiln.commands, from which kiln.cli builds its subcommands). Adding a
+node is one `Node` row here and one function in assets/ or training/; no door is wired by hand.
 
-A `Command` is a function of the work layers and the arguments it takes: paths it reads (`Arg`), the folder
-it writes (`out`), the config, and options. A `Node` is one artifact of the graph: the command that makes
-it, which artifact under the data root each argument reads, the config sections that change it, the code
-it runs beyond its command's module, its own config overrides (a ladder rung's) and its Dagster group.
+A `Node` is one artifact of the graph: the command that makes it, which artifact under the data root each of the
+command's arguments reads, the config sections that change it, the code it runs beyond its command's module, its
+rung (whose overrides shape its config), its Dagster group and page, and what one task of it needs.
 
 What decides a node's output besides its input data is the same for every door (kiln.lineage.version_inputs):
 the code files its modules import, the files outside the data root it reads (conf/train/*.yaml), its config
-sections and its arguments and overrides. Dagster hashes them into the code version, DVC lists them as deps,
-params and the command line; a test holds the two to the registry.
+sections and its own call. Dagster hashes them into the code version, DVC lists them as deps, params and the
+command line; tests/test_registry.py holds the two to the registry.
 
 The graph is the one of the profile it is built for (kiln.lineage.graph_overrides): the rungs come from
-`ladder`, and a source other than the demo has no `demo_corpus`. No Dagster import here, nothing heavy:
-the CLI builds its parser from this module.
+`ladder`, and a source other than the demo has no `demo_corpus`. No Dagster import here.
 """
 
 from __future__ import annotations
@@ -61,7 +59,7 @@ class Node:
     rung: Rung | None = None
     wiring: str | None = None  # how `rung` shapes its config: train_set | checkpoint | last_rung (kiln.ladder)
     suite: str | None = None  # great-expectations suite of its kept rows (data steps)
-    page: str = "default"  # how its Dagster page is drawn (dagster_project.pages.PAGES)
+    page: str | None = None  # how its Dagster page is drawn (dagster_project.node_pages.PAGES)
     kinds: tuple[str, ...] = ("python",)
     doors: frozenset[str] = DOORS
     extra_outs: tuple[str, ...] = ()  # outputs outside its folder that persist across runs (the evaluation history)

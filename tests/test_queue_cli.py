@@ -73,7 +73,7 @@ def test_watch_finds_the_jobs_of_a_stage_by_itself(dsn):
     import kiln.warehouse as wh
     from kiln.warehouse import postgres as pg
     from kiln.warehouse.probes import FILTERLIKE, probe_rows
-    from kiln.warehouse.run import job_tables
+    from kiln.cli.warehouse import job_tables
 
     with db_connect(dsn) as conn:
         pg.drop_job(conn, "q_watch", FILTERLIKE.name)
