@@ -71,9 +71,9 @@ def test_map_on_postgres_matches_the_stage(manifest, tmp_path, dsn):
 def test_watch_finds_the_jobs_of_a_stage_by_itself(dsn):
     """`kiln map` keys its table names, so `kiln watch STAGE` looks the job up instead of being told the table."""
     import kiln.warehouse as wh
+    from kiln.cli.warehouse import job_tables
     from kiln.warehouse import postgres as pg
     from kiln.warehouse.probes import FILTERLIKE, probe_rows
-    from kiln.cli.warehouse import job_tables
 
     with db_connect(dsn) as conn:
         pg.drop_job(conn, "q_watch", FILTERLIKE.name)
