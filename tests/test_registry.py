@@ -173,3 +173,15 @@ def test_every_node_versions_by_the_values_of_its_sections_in_the_config_it_comp
     if profile:
         assert values["train_set_pretrain_512"]["data.pack"]["resolution"] == 512
         assert values["train_set_pretrain_256"]["data.pack"]["resolution"] == 256
+
+
+def test_every_param_of_every_dvc_stage_is_in_params_yaml(dvc):
+    """DVC refuses a stage whose param is missing from params.yaml: a section conf/ never writes is left to the
+    code that defines it (a dep), never listed."""
+    composed = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    for key, stage in dvc.items():
+        for param in stage.get("params", []):
+            node = composed
+            for part in param.split("."):
+                assert isinstance(node, dict) and part in node, f"{key}: {param} is not in params.yaml"
+                node = node[part]
