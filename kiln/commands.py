@@ -107,7 +107,6 @@ COMMANDS = {
             options=(
                 Option("overwrite", "replace an output folder that holds files kiln did not write (never the input)"),
             ),
-            refusals=("kiln.stage:StageInputError", "kiln.outputs:OutputError", "kiln.outputs:ChecksumError"),
             log_kwarg=True,
             code=(),
         ),

@@ -15,7 +15,15 @@ from pathlib import Path
 from kiln.commands import COMMANDS, Command, resolve
 
 # What every command may raise for a user's mistake: one line, exit 2; anything else is a bug and keeps its traceback.
-REFUSALS = ("kiln.config:ConfigError", "assets.source:SourceError", "kiln.errors:UserError")
+# A refused output, an input that is missing or holds no shards, a shard changed since its stage wrote it, too.
+REFUSALS = (
+    "kiln.config:ConfigError",
+    "assets.source:SourceError",
+    "kiln.errors:UserError",
+    "kiln.stage:StageInputError",
+    "kiln.outputs:OutputError",
+    "kiln.outputs:ChecksumError",
+)
 
 
 def _cfg(overrides: list[str]):

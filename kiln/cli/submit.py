@@ -29,29 +29,17 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.overrides)
     if args.what == "stage":
-        import sys
-
         from kiln.executors.slurm_array import run_stage_array
-        from kiln.outputs import ChecksumError, OutputError
-        from kiln.stage import StageInputError
 
-        try:
-            summary = run_stage_array(
-                args.name,
-                args.input,
-                args.output,
-                cfg,
-                max_parallel=args.max_parallel,
-                log=print,
-                overwrite=args.overwrite,
-            )
-        except (
-            StageInputError,
-            OutputError,
-            ChecksumError,
-        ) as e:  # a refusal or a bad input: one plain line, as `kiln stage` prints it
-            print(f"kiln: {e}", file=sys.stderr)
-            return 2
+        summary = run_stage_array(
+            args.name,
+            args.input,
+            args.output,
+            cfg,
+            max_parallel=args.max_parallel,
+            log=print,
+            overwrite=args.overwrite,
+        )
         print(summary.to_json(), end="")
         return 0
     if args.dry_run:

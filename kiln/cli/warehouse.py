@@ -10,34 +10,23 @@ from kiln.stage_names import add_stage_argument
 
 
 def cmd_map(args: argparse.Namespace) -> int:
-    import sys
 
     from kiln.config import load_config
-    from kiln.outputs import ChecksumError, OutputError
-    from kiln.stage import StageInputError
     from kiln.warehouse.local import local_postgres_dsn
     from kiln.warehouse.run import run_map
 
     dsn = args.dsn or (local_postgres_dsn() if args.postgres else None)
-    try:
-        s = run_map(
-            args.stage,
-            Path(args.input),
-            Path(args.output),
-            load_config(args.overrides),
-            dsn,
-            args.workers,
-            args.table,
-            slurm_workers=args.slurm_workers,
-            overwrite=args.overwrite,
-        )
-    except (
-        StageInputError,
-        OutputError,
-        ChecksumError,
-    ) as e:  # a refusal or a bad input: one plain line, as `kiln stage` prints it
-        print(f"kiln: {e}", file=sys.stderr)
-        return 2
+    s = run_map(
+        args.stage,
+        Path(args.input),
+        Path(args.output),
+        load_config(args.overrides),
+        dsn,
+        args.workers,
+        args.table,
+        slurm_workers=args.slurm_workers,
+        overwrite=args.overwrite,
+    )
     print(s.to_json(), end="")
     return 0
 
