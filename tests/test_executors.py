@@ -36,6 +36,7 @@ def test_the_profile_picks_the_executor():
     assert executor_of(load_config(["cluster.executor=queue"])) == "queue"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["filter", "dedup"])
 def test_inprocess_pool_and_embedded_queue_give_the_same_rows(manifest, tmp_path, monkeypatch, stage):
     monkeypatch.delenv("KILN_PG_DSN", raising=False)

@@ -73,6 +73,7 @@ def failed(table: pa.Table, suite: str, cfg) -> list[tuple[str, str | None]]:
     return [(o.expectation, o.column) for o in validate_table(table, suite, cfg).failed]
 
 
+@pytest.mark.slow
 def test_a_filter_that_let_a_bordered_image_through_fails_its_threshold_check(demo):
     cfg, root = demo
     kept = read_dataset(root / "filtered" / "kept")

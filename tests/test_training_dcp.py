@@ -28,6 +28,7 @@ def _cfg(te, **train):
     return tiny_config(te, steps=STEPS, warmup_steps=2, **train)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optim", ["adamw", "muon", "adamw+repa"])
 def test_a_run_killed_at_step_k_and_resumed_has_the_uninterrupted_loss_trajectory(setup, optim, vit_teacher_dir):
     root, data, te = setup

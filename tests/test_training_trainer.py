@@ -108,6 +108,7 @@ def test_another_seed_gives_another_run(setup, run_a):
     ][:3]
 
 
+@pytest.mark.slow
 def test_a_stopped_run_resumed_from_its_checkpoint_ends_with_the_uninterrupted_weights(setup, run_a):
     root, data, cfg = setup
     out = root / "resumed"

@@ -51,6 +51,7 @@ def config(*over: str):
     return load_config(list(over)).data.user_prompts
 
 
+@pytest.mark.slow
 def test_rule_prompts_keep_every_content_word_of_the_pair_in_each_style():
     for style in ("terse", "conversational", "instruction"):
         out = user_prompt_rows(
