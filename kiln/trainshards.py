@@ -1,0 +1,376 @@
+"""The train set on disk: WebDataset tar shards, an index beside each, and one manifest.
+
+    OUT/trainset.json                     the manifest: format, image codec, rows, buckets, every shard's size and sha256
+    OUT/shards/shard-000000.tar           WebDataset samples `<order>.png` (or .webp / .jpg) + `<order>.json`
+    OUT/shards/shard-000000.index.parquet one row per sample: id, bucket, weight, packed batch, member offsets and CRCs
+
+Any WebDataset reader streams the tars as they are (`webdataset.WebDataset(urls)`). The trainer reads them by
+index instead: a data-parallel rank needs only its rows of each batch, and the index turns those into one
+ranged read per run of adjacent members, locally or from object storage (`kiln.uri.read_range`). Memory is one
+shard's index and one batch's images, whatever the number of rows.
+
+The bytes depend only on the rows and the settings (tar mtime 0, fixed owner and mode, sorted members), so
+`dvc repro` reproduces the train set byte for byte and its version is the manifest's sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kiln.uri import filesystem, is_local, local_path, read_bytes, remote_call, tar_index
+
+FORMAT = "kiln-trainset/1"
+MANIFEST = "trainset.json"
+SHARDS = "shards"
+ImageFormat = Literal["png", "webp", "jpeg"]
+EXTENSION = {"png": "png", "webp": "webp", "jpeg": "jpg"}
+INDEX = pa.schema(
+    [
+        ("key", pa.string()),
+        ("id", pa.string()),
+        ("bucket", pa.string()),
+        ("sampling_weight", pa.float64()),
+        ("batch", pa.int32()),
+        ("image_offset", pa.int64()),
+        ("image_size", pa.int64()),
+        ("image_crc", pa.uint32()),
+        ("meta_offset", pa.int64()),
+        ("meta_size", pa.int64()),
+        ("meta_crc", pa.uint32()),
+    ]
+)
+MERGE_GAP = 64 << 10  # members closer than this are fetched in one read: one GET beats two round trips
+
+
+class ShardError(OSError):
+    """A shard that is missing, truncated or changed since the manifest listed it; the message names its URI."""
+
+    def __init__(self, uri: str, why: str):
+        super().__init__(f"{uri}: {why}")
+        self.uri = uri
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One row as the pack stage hands it to the writer, in stream order."""
+
+    id: str
+    caption: str
+    caption_forms: str  # JSON object form -> text
+    sampling_weight: float
+    bucket: str
+    height: int
+    width: int
+    image: bytes  # encoded in the manifest's codec
+    batch: int  # packed batch: all of one bucket, never split across shards
+    crop: tuple[int, int] = (0, 0)  # left, top of the bucket's crop in the resized image
+
+    def meta(self) -> bytes:
+        d = asdict(self)
+        d.pop("image")
+        d["crop"] = list(self.crop)
+        return json.dumps(d, sort_keys=True, ensure_ascii=False).encode()
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    tar: str  # relative to the train set's root
+    index: str
+    rows: int
+    bytes: int
+    sha256: str
+    index_sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    image_format: str
+    rows: int
+    buckets: dict[str, int]  # bucket -> rows
+    weighted: bool  # any sampling weight other than 1
+    shards: list[ShardInfo] = field(default_factory=list)
+    format: str = FORMAT
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> "Manifest":
+        d = json.loads(text)
+        if d.get("format") != FORMAT:
+            raise ValueError(f"{where}: not a kiln train set of format {FORMAT} (format {d.get('format')!r})")
+        d["shards"] = [ShardInfo(**s) for s in d["shards"]]
+        return cls(**d)
+
+
+# -- bytes wherever they are --------------------------------------------------------------------------------
+
+
+def read_range(uri: str, offset: int, size: int) -> bytes:
+    """`size` bytes from `offset` (fewer at the end): a seek locally, one ranged GET remotely."""
+    if is_local(uri):
+        with open(local_path(uri), "rb") as f:
+            f.seek(offset)
+            return f.read(size)
+    fs, path = filesystem(uri)
+    return remote_call(uri, fs.cat_file, path, start=offset, end=offset + size)
+
+
+def object_size(uri: str) -> int:
+    """The object's size from the file system or the store, nothing read; FileNotFoundError when absent."""
+    if is_local(uri):
+        return os.stat(local_path(uri)).st_size
+    fs, path = filesystem(uri)
+    return int(remote_call(uri, fs.size, path))
+
+
+# -- images -------------------------------------------------------------------------------------------------
+
+
+def encode_image(pixels: np.ndarray, fmt: ImageFormat, quality: int = 95) -> bytes:
+    """uint8 HxWx3 -> bytes; png and webp are lossless, jpeg at `quality` (4:4:4, no chroma blur)."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    im = Image.fromarray(pixels, "RGB")
+    if fmt == "png":
+        im.save(buf, "PNG", compress_level=6)
+    elif fmt == "webp":
+        im.save(buf, "WEBP", lossless=True, quality=100, method=4)
+    else:
+        im.save(buf, "JPEG", quality=quality, subsampling=0)
+    return buf.getvalue()
+
+
+def decode_image(data: bytes) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        return np.asarray(im.convert("RGB"), dtype=np.uint8)
+
+
+# -- writing ------------------------------------------------------------------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_shard(root: Path, n: int, samples: list[Sample], ext: str) -> ShardInfo:
+    from webdataset import TarWriter
+
+    tar, index = f"{SHARDS}/shard-{n:06d}.tar", f"{SHARDS}/shard-{n:06d}.index.parquet"
+    keys = [f"{s.batch:09d}-{k:06d}" for k, s in enumerate(samples)]  # no dots: WebDataset splits the key at the first
+    with (root / tar).open("wb") as f, TarWriter(f, mtime=0, encoder=False, user="kiln", group="kiln") as w:
+        for key, s in zip(keys, samples):
+            w.write({"__key__": key, ext: s.image, "json": s.meta()})
+    members = tar_index(str(root / tar))
+    image, meta = [members[f"{k}.{ext}"] for k in keys], [members[f"{k}.json"] for k in keys]
+    cols = {
+        "key": keys,
+        "id": [s.id for s in samples],
+        "bucket": [s.bucket for s in samples],
+        "sampling_weight": [float(s.sampling_weight) for s in samples],
+        "batch": [s.batch for s in samples],
+        "image_offset": [e.offset for e in image],
+        "image_size": [e.size for e in image],
+        "image_crc": [zlib.crc32(s.image) for s in samples],
+        "meta_offset": [e.offset for e in meta],
+        "meta_size": [e.size for e in meta],
+        "meta_crc": [zlib.crc32(s.meta()) for s in samples],
+    }
+    pq.write_table(pa.table(cols, schema=INDEX), root / index, compression="zstd", write_statistics=False)
+    return ShardInfo(tar, index, len(samples), (root / tar).stat().st_size, _sha256(root / tar), _sha256(root / index))
+
+
+def train_samples(table: pa.Table) -> Iterator[Sample]:
+    """The pack stage's kept rows (kiln.schemas.TRAIN) as Samples in stream order."""
+    table = table.sort_by([("order", "ascending")])
+    for chunk in table.to_batches(max_chunksize=1024):
+        for r in chunk.to_pylist():
+            yield Sample(
+                r["id"],
+                r["caption"],
+                r["caption_forms"],
+                r["sampling_weight"],
+                r["bucket"],
+                r["height"],
+                r["width"],
+                r["image"],
+                r["batch"],
+                (r["crop_left"], r["crop_top"]),
+            )
+
+
+def _by_batch(samples: Iterable[Sample]) -> Iterator[list[Sample]]:
+    run: list[Sample] = []
+    for s in samples:
+        if run and s.batch != run[-1].batch:
+            yield run
+            run = []
+        run.append(s)
+    if run:
+        yield run
+
+
+def write_train_set(samples: Iterable[Sample], root: Path, image_format: ImageFormat, shard_bytes: int) -> Manifest:
+    """Write `samples` (in stream order, each packed batch contiguous) as shards of about `shard_bytes`, cut
+    only between batches, then the manifest; streams: one shard's samples in memory at a time."""
+    root = Path(root)
+    (root / SHARDS).mkdir(parents=True, exist_ok=True)
+    ext = EXTENSION[image_format]
+    shards: list[ShardInfo] = []
+    buckets: dict[str, int] = {}
+    weighted, pending, size = False, [], 0
+    for batch in _by_batch(samples):
+        pending += batch
+        size += sum(len(s.image) + len(s.meta()) + 1536 for s in batch)  # two headers and padding per sample
+        for s in batch:
+            buckets[s.bucket] = buckets.get(s.bucket, 0) + 1
+            weighted |= s.sampling_weight != 1.0
+        if size >= shard_bytes:
+            shards.append(_write_shard(root, len(shards), pending, ext))
+            pending, size = [], 0
+    if pending:
+        shards.append(_write_shard(root, len(shards), pending, ext))
+    manifest = Manifest(image_format, sum(buckets.values()), dict(sorted(buckets.items())), weighted, shards)
+    (root / MANIFEST).write_text(manifest.to_json())
+    return manifest
+
+
+# -- reading ------------------------------------------------------------------------------------------------
+
+
+def join(root: str, rel: str) -> str:
+    return f"{root.rstrip('/')}/{rel}"
+
+
+def is_train_set(root: str | Path) -> bool:
+    root = str(root)
+    if is_local(root):
+        return Path(local_path(root), MANIFEST).is_file()
+    try:
+        object_size(join(root, MANIFEST))
+        return True
+    except OSError:
+        return False
+
+
+def read_manifest(root: str | Path) -> Manifest:
+    uri = join(str(root), MANIFEST)
+    try:
+        text = read_bytes(uri).decode()
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{root}: no {MANIFEST}: not a train set written by the pack stage") from e
+    return Manifest.from_json(text, uri)
+
+
+def manifest_version(root: str | Path) -> str:
+    """sha256 of the manifest, which holds every shard's and index's sha256: the train set's content hash."""
+    return hashlib.sha256(read_bytes(join(str(root), MANIFEST))).hexdigest()
+
+
+@dataclass(frozen=True)
+class Row:
+    """What the reader needs of one sample to fetch it: where its two members lie and their CRCs."""
+
+    key: str
+    id: str
+    image: tuple[int, int, int]  # offset, size, crc
+    meta: tuple[int, int, int]
+
+
+class Shard:
+    """One listed shard, opened: its index read and its size checked against the manifest (a missing or
+    truncated shard fails here, on every rank alike); `read(rows)` fetches and checks members."""
+
+    def __init__(self, root: str, info: ShardInfo):
+        self.uri = join(root, info.tar)
+        self.info = info
+        try:
+            size = object_size(self.uri)
+        except FileNotFoundError as e:
+            raise ShardError(self.uri, "missing: the manifest lists it") from e
+        if size != info.bytes:
+            raise ShardError(self.uri, f"{size} bytes, the manifest lists {info.bytes}: truncated or changed")
+        index_uri = join(root, info.index)
+        try:
+            data = read_bytes(index_uri)
+        except FileNotFoundError as e:
+            raise ShardError(index_uri, "missing: the manifest lists it") from e
+        if hashlib.sha256(data).hexdigest() != info.index_sha256:
+            raise ShardError(index_uri, "changed since the manifest listed it (sha256)")
+        table = pq.read_table(pa.BufferReader(data), use_threads=False)  # threads here can abort pyarrow at exit
+        self.columns = {name: table.column(name).to_pylist() for name in INDEX.names}
+        self._spans = {
+            part: list(zip(*(self.columns[f"{part}_{c}"] for c in ("offset", "size", "crc")), strict=True))
+            for part in ("meta", "image")
+        }
+
+    @property
+    def rows(self) -> int:
+        return len(self.columns["id"])
+
+    def column(self, name: str) -> list:
+        return self.columns[name]
+
+    def read(self, rows: Sequence[int]) -> list[tuple[dict, bytes]]:
+        """(metadata, encoded image) of each index row in `rows`, in that order; adjacent members in one read."""
+        spans = []
+        for r in rows:
+            spans += [self._spans["meta"][r], self._spans["image"][r]]
+        blobs = self._fetch(spans)
+        return [(json.loads(blobs[2 * k]), blobs[2 * k + 1]) for k in range(len(rows))]
+
+    def _fetch(self, spans: list[tuple[int, int, int]]) -> list[bytes]:
+        order = sorted(range(len(spans)), key=lambda k: spans[k][0])
+        got: dict[int, bytes] = {}
+        k = 0
+        while k < len(order):
+            first = spans[order[k]][0]
+            j, end = k, first + spans[order[k]][1]
+            while j + 1 < len(order) and spans[order[j + 1]][0] - end <= MERGE_GAP:
+                j += 1
+                end = max(end, spans[order[j]][0] + spans[order[j]][1])
+            block = read_range(self.uri, first, end - first)
+            if len(block) != end - first:
+                raise ShardError(self.uri, f"short read at {first}: {len(block)} of {end - first} bytes: truncated")
+            for i in order[k : j + 1]:
+                off, size, crc = spans[i]
+                data = block[off - first : off - first + size]
+                if zlib.crc32(data) != crc:
+                    raise ShardError(self.uri, f"the member at byte {off} changed since the shard was indexed (CRC)")
+                got[i] = data
+            k = j + 1
+        return [got[i] for i in range(len(spans))]
+
+
+def verify_shard(root: str, info: ShardInfo) -> None:
+    """The whole shard against its sha256: what `kiln` checks before trusting a copy (a full read)."""
+    uri = join(root, info.tar)
+    h = hashlib.sha256()
+    offset = 0
+    while offset < info.bytes:
+        block = read_range(uri, offset, min(1 << 24, info.bytes - offset))
+        if not block:
+            raise ShardError(uri, f"truncated at {offset} of {info.bytes} bytes")
+        h.update(block)
+        offset += len(block)
+    if h.hexdigest() != info.sha256:
+        raise ShardError(uri, "changed since the manifest listed it (sha256)")
