@@ -22,6 +22,7 @@ from kiln import schemas
 from kiln.config import KilnConfig
 from kiln.reasons import Reason
 from kiln.stage_names import STAGE_MODULES
+from kiln.trainshards import is_train_set, metadata_table
 
 __all__ = [
     "ExpectationOutcome",
@@ -43,7 +44,7 @@ SUITE_SCHEMAS = {
     "embedded": schemas.EMBEDDED,
     "clustered": schemas.CLUSTERED,
     "captioned": schemas.CAPTIONED,
-    "train_set": schemas.TRAIN,
+    "train_set": schemas.TRAIN_META,
     "rejected": schemas.REJECTED,
     **caption_expectations.SUITE_SCHEMAS,
 }
@@ -150,6 +151,9 @@ def validate_dataset(folder: Path, dataset: str, cfg: KilnConfig) -> SuiteResult
     from kiln.stage import read_dataset
 
     folder = Path(folder)
+    if is_train_set(folder):  # the pack stage's shards: their metadata, without the images
+        table = metadata_table(folder).select(schemas.TRAIN_META.names).cast(schemas.TRAIN_META)
+        return validate_table(table, dataset, cfg).with_outcomes(check_against_previous(folder, table))
     if folder.is_file():
         return validate_table(pq.read_table(folder), dataset, cfg)
     if not (folder / "kept").is_dir():

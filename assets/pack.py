@@ -1,9 +1,9 @@
 """The pack stage: rewritten images -> a pre-shuffled training set whose every batch shares one bucket.
 
 Each image is decoded once, assigned the aspect-ratio bucket nearest its own (aspect = width / height),
-resized so that it covers the bucket and centre-cropped to it, and stored as raw uint8 H x W x 3 bytes,
-so the trainer only has to `frombuffer` a batch. Bucket sides are multiples of 8 (patch sizes 2 and
-4 both divide them) at about `resolution**2` pixels.
+resized so that it covers the bucket and centre-cropped to it, and encoded again (`data.pack.image_format`,
+lossless PNG by default) into the train set's WebDataset shards (kiln.trainshards), which the trainer
+streams. Bucket sides are multiples of 8 (patch sizes 2 and 4 both divide them) at about `resolution**2` pixels.
 
 The order is fixed here, not in the data loader: rows are shuffled with `cfg.data.pack.seed`, cut
 into batches per bucket (a bucket's last batch may be smaller: nothing is dropped), and the batches
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +33,7 @@ from kiln.reasons import Reason
 from kiln.sampling import FORMS, dump_forms
 from kiln.schemas import REWRITTEN, TRAIN
 from kiln.stage import Rejects, Stage, StageOutput
+from kiln.trainshards import encode_image, train_samples, write_train_set
 from kiln.uri import read_bytes
 
 SIDE_STEP = 8
@@ -83,6 +85,11 @@ def nearest_bucket(width: int, height: int, buckets: list[Bucket]) -> Bucket:
 
 def fit_to_bucket(im: Image.Image, bucket: Bucket) -> Image.Image:
     """Resize so the image just covers the bucket (shorter side fits), then crop the centre."""
+    return fit_with_crop(im, bucket)[0]
+
+
+def fit_with_crop(im: Image.Image, bucket: Bucket) -> tuple[Image.Image, tuple[int, int]]:
+    """`fit_to_bucket`, and where the crop's top-left corner lies in the resized image."""
     scale = max(bucket.width / im.width, bucket.height / im.height)
     w, h = (
         max(bucket.width, math.ceil(im.width * scale - 1e-6)),
@@ -90,7 +97,7 @@ def fit_to_bucket(im: Image.Image, bucket: Bucket) -> Image.Image:
     )
     im = im.resize((w, h), Image.Resampling.LANCZOS)
     left, top = (w - bucket.width) // 2, (h - bucket.height) // 2
-    return im.crop((left, top, left + bucket.width, top + bucket.height))
+    return im.crop((left, top, left + bucket.width, top + bucket.height)), (left, top)
 
 
 def batch_plan(bucket_of_row: list[str], batch_size: int, seed: int) -> list[tuple[int, int]]:
@@ -157,7 +164,7 @@ def pack_rows(table: pa.Table, cfg: KilnConfig, stage: str = "pack") -> StageOut
     table = table.take(pac.sort_indices(table, [("id", "ascending")]))  # input order must not matter
     rejects = Rejects(stage)
     in_mix = mix_ids(pc.mix_file)
-    packed: list[tuple[int, Bucket, bytes]] = []  # (row index, bucket, pixels)
+    packed: list[tuple[int, Bucket, bytes, tuple[int, int]]] = []  # (row index, bucket, encoded image, crop)
     for i, (id_, uri) in enumerate(zip(table.column("id").to_pylist(), table.column("uri").to_pylist())):
         if in_mix is not None and id_ not in in_mix:
             rejects.add(id_, uri, Reason.NOT_IN_MIX, None, str(pc.mix_file))
@@ -165,18 +172,19 @@ def pack_rows(table: pa.Table, cfg: KilnConfig, stage: str = "pack") -> StageOut
         try:
             im = open_rgb(read_bytes(uri), max_pixels=cfg.data.filters.max_pixels)
             bucket = nearest_bucket(im.width, im.height, buckets)
-            pixels = np.asarray(fit_to_bucket(im, bucket), dtype=np.uint8).tobytes()
+            fitted, crop = fit_with_crop(im, bucket)
+            image = encode_image(np.asarray(fitted, dtype=np.uint8), pc.image_format, pc.jpeg_quality)
         except Exception as e:  # any failure to turn the file into pixels is this row's reject reason
             rejects.add(id_, uri, Reason.PACK_ERROR, None, f"{type(e).__name__}: {e}")
             continue
-        packed.append((i, bucket, pixels))
+        packed.append((i, bucket, image, crop))
 
-    plan = batch_plan([b.name for _, b, _ in packed], pc.batch_size, pc.seed)
+    plan = batch_plan([b.name for _, b, _, _ in packed], pc.batch_size, pc.seed)
     ids, captions, forms = table.column("id").to_pylist(), table.column("caption").to_pylist(), caption_forms(table)
-    weights = row_weights([ids[i] for i, _, _ in packed], read_weights(pc.weights_file), pc.weights_file)
+    weights = row_weights([ids[i] for i, _, _, _ in packed], read_weights(pc.weights_file), pc.weights_file)
     rows = []
     for order, (k, batch) in enumerate(plan):
-        i, bucket, pixels = packed[k]
+        i, bucket, image, crop = packed[k]
         text = {"id": ids[i], "caption": captions[i], "caption_forms": forms[i], "sampling_weight": weights[k]}
         rows.append(
             text
@@ -184,7 +192,9 @@ def pack_rows(table: pa.Table, cfg: KilnConfig, stage: str = "pack") -> StageOut
                 "bucket": bucket.name,
                 "height": bucket.height,
                 "width": bucket.width,
-                "pixels": pixels,
+                "image": image,
+                "crop_left": crop[0],
+                "crop_top": crop[1],
                 "batch": batch,
                 "order": order,
             }
@@ -196,4 +206,10 @@ def pack_stage(table: pa.Table, cfg: KilnConfig) -> StageOutput:
     return pack_rows(table, cfg)
 
 
-STAGE = Stage("pack", pack_stage, input_schema=REWRITTEN, output_schema=TRAIN, scope="global")
+def write_pack(kept: pa.Table, out: Path, cfg: KilnConfig) -> None:
+    """The kept rows, in stream order, as the train set's shards and manifest (kiln.trainshards)."""
+    pc = cfg.data.pack
+    write_train_set(train_samples(kept), out, pc.image_format, int(pc.shard_mb * 1e6))
+
+
+STAGE = Stage("pack", pack_stage, input_schema=REWRITTEN, output_schema=TRAIN, scope="global", write_kept=write_pack)

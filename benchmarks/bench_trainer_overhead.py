@@ -17,6 +17,7 @@ keeps.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
@@ -57,7 +58,7 @@ def minimal_loop(data: Path, cfg: KilnConfig, steps: int) -> dict:
     started = time.perf_counter()
     data_set = TrainSet.from_dir(data, tc.batch_size, tc.holdout, cfg.data.rewrite.form_probs)
     gen = init_generator(cfg.model, tc.seed)
-    batches = data_set.batches
+    batches = list(itertools.takewhile(lambda b: b.position.epoch == 0, data_set.stream(tc.seed)))  # one epoch, in RAM
     x0s = [gen.autoencoder.encode(b.pixels) for b in batches]
     with torch.no_grad():  # the frozen encoder's output, once per batch, as the trainer's text cache does
         texts = [gen.encode_text(list(b.captions)) for b in batches]

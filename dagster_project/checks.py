@@ -12,16 +12,22 @@ from dagster_project.assets import GRAPH
 from dagster_project.resources import KilnResource
 from kiln.registry import asset_of, data_steps
 from kiln.stage import Summary, shard_paths
+from kiln.trainshards import is_train_set, read_manifest
 
 
 def count_rows(dataset: Path) -> int:
     return sum(pq.read_metadata(p).num_rows for p in shard_paths(dataset))
 
 
+def kept_rows(output: Path) -> int:
+    """Rows a stage kept: its kept Parquet's, or the manifest's for the pack stage's train-set shards."""
+    return read_manifest(output).rows if is_train_set(output) else count_rows(output / "kept")
+
+
 def _upstream_rows(kiln: KilnResource, upstream: str) -> int:
     if upstream == "raw_images":  # the source's listing: every object it holds
         return pq.read_metadata(kiln.path("source") / "listing.parquet").num_rows
-    return count_rows(kiln.path(upstream) / "kept")
+    return kept_rows(kiln.path(upstream))
 
 
 def _accounting_check(key: str, upstream: str) -> dg.AssetChecksDefinition:
@@ -35,7 +41,7 @@ def _accounting_check(key: str, upstream: str) -> dg.AssetChecksDefinition:
         out = kiln.path(key)
         s = Summary.read(out)
         kept, rejected, upstream_rows = (
-            count_rows(out / "kept"),
+            kept_rows(out),
             count_rows(out / "rejected"),
             _upstream_rows(kiln, upstream),
         )

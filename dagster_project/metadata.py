@@ -8,6 +8,7 @@ import dagster as dg
 import pyarrow.compute as pc
 
 from kiln.stage import Summary, read_dataset
+from kiln.trainshards import is_train_set, read_manifest
 from kiln.uri import read_bytes
 from kiln.viz import image_grid, markdown_image, placeholder_tile
 
@@ -68,14 +69,29 @@ def stage_metadata(summary: Summary, output: Path, n_samples: int = 16) -> dict:
         "rejects_by_reason": rejects_table(summary),
         "path": dg.MetadataValue.path(str(output)),
     }
-    kept = read_dataset(output / "kept")
-    if kept.num_rows and "uri" in kept.column_names:
-        grid = thumbnails(kept.column("uri").to_pylist()[:n_samples])
-        if grid:
-            md["kept_sample"] = dg.MetadataValue.md(grid)
+    if is_train_set(output):  # the pack stage: shards, not kept Parquet
+        md |= train_set_metadata(output)
+    else:
+        kept = read_dataset(output / "kept")
+        if kept.num_rows and "uri" in kept.column_names:
+            grid = thumbnails(kept.column("uri").to_pylist()[:n_samples])
+            if grid:
+                md["kept_sample"] = dg.MetadataValue.md(grid)
     if grid := rejects_grid(read_dataset(output / "rejected")):
         md["rejected_sample"] = dg.MetadataValue.md(grid)
     return md
+
+
+def train_set_metadata(output: Path) -> dict:
+    """A train set's shape: its shards (how many, how large), rows per bucket, the codec, its version."""
+    manifest = read_manifest(output)
+    return {
+        "shards": len(manifest.shards),
+        "shard_mb": round(sum(s.bytes for s in manifest.shards) / 1e6, 1),
+        "rows_by_bucket": dg.MetadataValue.json(manifest.buckets),
+        "image_format": manifest.image_format,
+        "weighted": manifest.weighted,
+    }
 
 
 def dedup_groups_grid(output: Path, n_groups: int = 6, per_group: int = 4) -> str | None:

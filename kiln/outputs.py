@@ -33,7 +33,7 @@ from kiln.progress import log
 MARKER = ".kiln-output"
 # What an output written before the marker existed holds; such a folder is still kiln's to replace.
 LEGACY_FILE = re.compile(r"^(summary\.json|(kept|rejected)/part-\d{5}\.parquet)$")
-OUTPUT_DIRS = {"kept", "rejected"}
+OUTPUT_DIRS = {"kept", "rejected", "shards"}  # shards: the pack stage's train set (kiln.trainshards)
 
 
 class OutputError(Exception):

@@ -197,8 +197,9 @@ class MixRow(BaseModel):
 
 
 class TrainRow(BaseModel):
-    """One packed training example: pixels at its bucket's size, in pre-shuffled batch order, with every
-    caption form the loader may draw from and the weight it samples the row by."""
+    """One packed training example: its image encoded at its bucket's size, in pre-shuffled batch order, with
+    every caption form the loader may draw from and the weight it samples the row by. The pack stage hands
+    these to kiln.trainshards, which writes them as the train set's shards."""
 
     id: str
     caption: str  # the long caption (evaluation and sampling read it)
@@ -207,7 +208,9 @@ class TrainRow(BaseModel):
     bucket: str  # "HxW"
     height: I32
     width: I32
-    pixels: bytes  # uint8, H x W x 3, row-major
+    image: bytes  # encoded (data.pack.image_format)
+    crop_left: I32  # where the bucket was cut from the resized image
+    crop_top: I32
     batch: I32  # every row of a batch shares one bucket
     order: int  # global position in the pre-shuffled stream
 
@@ -236,6 +239,7 @@ CONCEPT_COUNTS = arrow_schema(ConceptCountRow)
 CONCEPT_WEIGHTS = arrow_schema(ConceptWeightRow)
 MIX = arrow_schema(MixRow)
 TRAIN = arrow_schema(TrainRow)
+TRAIN_META = pa.schema([f for f in TRAIN if f.name != "image"])  # a train set's rows as its shards' metadata holds them
 REJECTED = arrow_schema(RejectRow)
 
 

@@ -73,6 +73,8 @@ class Stage:
     # Loads what the stage's shards share (a model) once per worker, before the first shard; it must be
     # idempotent (the stage's own loaders are cached per process).
     setup: Callable[[KilnConfig], object] | None = None
+    # Writes the kept rows in a format of the stage's own instead of OUT/kept/*.parquet (pack: train-set shards).
+    write_kept: Callable[[pa.Table, Path, KilnConfig], None] | None = None
 
 
 class Rejects:
@@ -308,7 +310,11 @@ def write_stage_output(
     output = output.resolve()  # a symlinked OUT: the folder it points to is replaced, the link stays
     check_output(output, input_path, overwrite)
     with staged_output(output) as tmp:
-        write_shards(kept_tables, tmp / "kept", stage.output_schema)
+        if stage.write_kept is not None:
+            kept = pa.concat_tables([o.kept for o in outs]) if outs else stage.output_schema.empty_table()
+            stage.write_kept(kept, tmp, cfg)
+        else:
+            write_shards(kept_tables, tmp / "kept", stage.output_schema)
         write_shards(split_rows(rejected, cfg.data.ingest.shard_size), tmp / "rejected", REJECTED)
         (tmp / "summary.json").write_text(summary.to_json())
         write_marker(tmp, name)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -29,7 +28,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kiln.uri import filesystem, is_local, local_path, read_bytes, remote_call, tar_index
+from kiln.errors import MissingInput
+from kiln.uri import is_local, local_path, object_size, read_bytes, read_range, tar_index
 
 FORMAT = "kiln-trainset/1"
 MANIFEST = "trainset.json"
@@ -113,27 +113,6 @@ class Manifest:
             raise ValueError(f"{where}: not a kiln train set of format {FORMAT} (format {d.get('format')!r})")
         d["shards"] = [ShardInfo(**s) for s in d["shards"]]
         return cls(**d)
-
-
-# -- bytes wherever they are --------------------------------------------------------------------------------
-
-
-def read_range(uri: str, offset: int, size: int) -> bytes:
-    """`size` bytes from `offset` (fewer at the end): a seek locally, one ranged GET remotely."""
-    if is_local(uri):
-        with open(local_path(uri), "rb") as f:
-            f.seek(offset)
-            return f.read(size)
-    fs, path = filesystem(uri)
-    return remote_call(uri, fs.cat_file, path, start=offset, end=offset + size)
-
-
-def object_size(uri: str) -> int:
-    """The object's size from the file system or the store, nothing read; FileNotFoundError when absent."""
-    if is_local(uri):
-        return os.stat(local_path(uri)).st_size
-    fs, path = filesystem(uri)
-    return int(remote_call(uri, fs.size, path))
 
 
 # -- images -------------------------------------------------------------------------------------------------
@@ -272,18 +251,21 @@ def is_train_set(root: str | Path) -> bool:
         return False
 
 
-def read_manifest(root: str | Path) -> Manifest:
-    uri = join(str(root), MANIFEST)
+def _manifest_bytes(root: str | Path) -> bytes:
     try:
-        text = read_bytes(uri).decode()
+        return read_bytes(join(str(root), MANIFEST))
     except FileNotFoundError as e:
-        raise FileNotFoundError(f"{root}: no {MANIFEST}: not a train set written by the pack stage") from e
-    return Manifest.from_json(text, uri)
+        gone = " (no such folder)" if is_local(str(root)) and not Path(local_path(str(root))).exists() else ""
+        raise MissingInput(f"no train set at {root}{gone}: no {MANIFEST} (the pack stage writes one)") from e
+
+
+def read_manifest(root: str | Path) -> Manifest:
+    return Manifest.from_json(_manifest_bytes(root).decode(), join(str(root), MANIFEST))
 
 
 def manifest_version(root: str | Path) -> str:
     """sha256 of the manifest, which holds every shard's and index's sha256: the train set's content hash."""
-    return hashlib.sha256(read_bytes(join(str(root), MANIFEST))).hexdigest()
+    return hashlib.sha256(_manifest_bytes(root)).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -338,6 +320,10 @@ class Shard:
         blobs = self._fetch(spans)
         return [(json.loads(blobs[2 * k]), blobs[2 * k + 1]) for k in range(len(rows))]
 
+    def read_meta(self, rows: Sequence[int]) -> list[dict]:
+        """Each row's metadata alone (its JSON member), without the images."""
+        return [json.loads(b) for b in self._fetch([self._spans["meta"][r] for r in rows])]
+
     def _fetch(self, spans: list[tuple[int, int, int]]) -> list[bytes]:
         order = sorted(range(len(spans)), key=lambda k: spans[k][0])
         got: dict[int, bytes] = {}
@@ -359,6 +345,26 @@ class Shard:
                 got[i] = data
             k = j + 1
         return [got[i] for i in range(len(spans))]
+
+
+META_COLUMNS = ("id", "caption", "caption_forms", "sampling_weight", "bucket", "height", "width")
+
+
+def metadata_table(root: str | Path) -> pa.Table:
+    """Every sample's metadata, in stream order, with its packed batch, crop and position (`order`): what the
+    train set's data-quality suite checks. Reads the JSON members only, one shard at a time."""
+    manifest = read_manifest(root)
+    cols: dict[str, list] = {c: [] for c in (*META_COLUMNS, "crop_left", "crop_top", "batch", "order")}
+    for info in manifest.shards:
+        shard = Shard(str(root), info)
+        for meta, batch in zip(shard.read_meta(range(shard.rows)), shard.column("batch")):
+            for c in META_COLUMNS:
+                cols[c].append(meta[c])
+            cols["crop_left"].append(meta["crop"][0])
+            cols["crop_top"].append(meta["crop"][1])
+            cols["batch"].append(batch)
+            cols["order"].append(len(cols["order"]))
+    return pa.table(cols)
 
 
 def verify_shard(root: str, info: ShardInfo) -> None:

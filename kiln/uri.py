@@ -229,7 +229,8 @@ def _read_compressed_member(uri: str, tar_path: str, member: str, max_bytes: int
         return f.read()
 
 
-def _read_range(path: str, offset: int, size: int) -> bytes:
+def read_range(path: str, offset: int, size: int) -> bytes:
+    """`size` bytes from `offset` (fewer at the end of the object): a seek locally, one ranged GET remotely."""
     if is_local(path):
         with open(local_path(path), "rb") as f:
             f.seek(offset)
@@ -238,9 +239,17 @@ def _read_range(path: str, offset: int, size: int) -> bytes:
     return remote_call(path, fs.cat_file, p, start=offset, end=offset + size)
 
 
+def object_size(uri: str) -> int:
+    """The object's size in bytes, from the file system or the store (no read); FileNotFoundError when absent."""
+    if is_local(uri):
+        return os.stat(local_path(uri)).st_size
+    fs, path = filesystem(uri)
+    return int(remote_call(uri, fs.size, path))
+
+
 def _read_checked_member(uri: str, tar_path: str, member: str, offset: int, size: int) -> bytes:
     """One ranged GET of the member with its 512-byte header, which must still name this member and size."""
-    block = _read_range(tar_path, offset - tarfile.BLOCKSIZE, size + tarfile.BLOCKSIZE)
+    block = read_range(tar_path, offset - tarfile.BLOCKSIZE, size + tarfile.BLOCKSIZE)
     if len(block) > size + tarfile.BLOCKSIZE:
         raise OSError(f"{uri}: asked for {size} bytes at {offset}, got {len(block)}: the server ignores Range requests")
     try:
@@ -272,7 +281,7 @@ def _read_member(uri: str, tar_path: str, member: str, max_bytes: int | None) ->
     offset, size = entry.offset, entry.size
     if not is_local(tar_path):  # the index is cached per process: check the shard was not replaced since
         return _read_checked_member(uri, tar_path, member, offset, size)
-    data = _read_range(tar_path, offset, size)
+    data = read_range(tar_path, offset, size)
     if len(data) > size:
         raise OSError(f"{uri}: asked for {size} bytes at {offset}, got {len(data)}: the server ignores Range requests")
     if len(data) < size:

@@ -27,9 +27,8 @@ def _worker(rank: int, world: int, port: int, te_dir: str, out_dir: str) -> None
     from kiln.config import TrainConfig
     from model.testing import micro_model_config
     from model.text_encoder import TextBatch
-    from training.core.data import DataPosition
+    from training.core.data import DataPosition, local_rows
     from training.core.dcp import Checkpointer, RunState
-    from training.core.distributed import local_rows
     from training.core.ema import WeightEma
     from training.core.muon import make_optimizer
     from training.core.parallel import build_mesh, parallelize

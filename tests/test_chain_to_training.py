@@ -11,6 +11,7 @@ from assets.cluster_review import review_rows, set_decision
 from kiln.config import load_config
 from kiln.registry import curation_nodes, ladder_train_sets
 from kiln.stage import read_dataset
+from training.core.data import train_ids
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -40,7 +41,7 @@ def rejected(root, step: str, reason: str) -> set[str]:
 def trained_ids(root) -> set[str]:
     ids = set()
     for p in PACKS:
-        ids |= set(read_dataset(root / "data" / p.key / "kept").column("id").to_pylist())
+        ids |= set(train_ids(root / "data" / p.key))
     for mix in (root / "data" / "mixes").glob("*/part-00000.parquet"):
         ids |= set(pq.read_table(mix, columns=["id"]).column("id").to_pylist())
     return ids
@@ -91,5 +92,5 @@ def test_every_listed_object_is_trained_on_or_rejected_with_a_reason(chain):
     rejects = set()
     for step in [*MAIN_CHAIN, PACKS[0]]:  # the first rung trains on the whole pool (its mix: pretrain)
         rejects |= {r["id"] for r in read_dataset(root / "data" / step.key / "rejected").to_pylist()}
-    kept = set(read_dataset(root / "data" / PACKS[0].key / "kept").column("id").to_pylist())
+    kept = set(train_ids(root / "data" / PACKS[0].key))
     assert kept | rejects == listed and not kept & rejects

@@ -301,7 +301,7 @@ def test_post_training_never_exports_non_finite_weights_either(tmp_path, whole, 
     assert not (out / "model.safetensors").exists() and not (out / "checksums.json").exists()
 
 
-def test_a_step_with_a_non_finite_loss_applies_no_update(text_encoder_dir):
+def test_a_step_with_a_non_finite_loss_applies_no_update(text_encoder_dir, tmp_path):
     from training.core.data import TrainSet
     from training.core.muon import make_optimizer
     from training.core.trainer import Learner, StepBatch, init_generator, setup_runtime, step_generator, train_step
@@ -309,7 +309,7 @@ def test_a_step_with_a_non_finite_loss_applies_no_update(text_encoder_dir):
     cfg = _cfg(text_encoder_dir).train
     gen = init_generator(_cfg(text_encoder_dir).model, 0)
     opt = make_optimizer(gen, cfg)
-    batch = next(TrainSet.from_table(scene_rows(8, seed=1), 8).stream(0))
+    batch = next(TrainSet.from_dir(write_pack_output(tmp_path / "pack", scene_rows(8, seed=1)), 8).stream(0))
     x0 = gen.autoencoder.encode(batch.pixels)
     text = gen.encode_text(list(batch.captions))
     before = {k: v.clone() for k, v in gen.state_dict().items()}

@@ -27,7 +27,7 @@ def kiln(*args: str, cwd: Path) -> subprocess.CompletedProcess:
             ["submit", "stage", "filter", "--input", "in", "--output", "in", "cluster=test"],
             "the output in is the input",
         ),  # before any Slurm job
-        (["train", "--data", "nonexistent", "--out", "ckpt"], "no Parquet shards under nonexistent (no such folder)"),
+        (["train", "--data", "nonexistent", "--out", "ckpt"], "no train set at nonexistent (no such folder)"),
         (["review", "approve", "3"], "no clustering run yet: no review table at data/review.duckdb"),
         (
             ["run", "--select", "bogus", "data.demo.n=40"],

@@ -92,5 +92,5 @@ def test_a_failing_slurm_training_job_fails_the_checkpoint_with_its_log_tail(slu
     info = failure.step_failure_data.user_failure_data
     assert "slurm job" in info.description and "FAILED" in info.description
     assert (
-        "MissingInput: no Parquet shards" in info.metadata["log_tail"].value
+        "MissingInput: no train set at" in info.metadata["log_tail"].value
     )  # the trainer's own error, from the job's log

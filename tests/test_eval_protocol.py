@@ -5,7 +5,6 @@ import csv
 from dataclasses import replace
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
 from components.demo_scenes import (
@@ -56,13 +55,13 @@ def metrics_config(extractors, **kw):
 
 def test_the_reference_set_is_the_main_buckets_smallest_sha1_rows_held_out_rows_first(setup):
     _, data, _, _ = setup
-    table = pq.read_table(data / "kept")
-    rows = reference_rows(table, 6, 32, 32)
+    table = scene_rows(30, seed=3, buckets=((32, 32), (24, 40)))  # what `data` holds
+    rows = reference_rows(data, 6, 32, 32)
     main_ids = [i for i, b in zip(table.column("id").to_pylist(), table.column("bucket").to_pylist()) if b == "32x32"]
     assert set(rows.column("bucket").to_pylist()) == {"32x32"} and rows.num_rows == 6
     assert set(rows.column("id").to_pylist()) == holdout_ids(main_ids, 6)
     assert (
-        rows.column("id").to_pylist()[:3] == reference_rows(table, 3, 32, 32).column("id").to_pylist()
+        rows.column("id").to_pylist()[:3] == reference_rows(data, 3, 32, 32).column("id").to_pylist()
     )  # growing n only appends
     assert reference_images(data, 6, 32, 32).shape == (6, 32, 32, 3)
 

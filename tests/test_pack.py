@@ -18,9 +18,21 @@ from kiln.reasons import Reason
 from kiln.sampling import FORMS
 from kiln.schemas import REWRITTEN
 from kiln.stage import read_dataset, run_stage, write_table
+from kiln.trainshards import Shard, decode_image, read_manifest
 
 # (width, height) of the test images: square, landscape, portrait, in between
 SIZES = [(96, 96)] * 9 + [(192, 96)] * 5 + [(96, 192)] * 4 + [(128, 96)] * 3 + [(90, 110)] * 2
+
+
+def train_set_rows(root: Path) -> list[dict]:
+    """Every sample of a pack output's shards, in stream order: its metadata, packed batch and decoded pixels."""
+    manifest = read_manifest(root)
+    out = []
+    for info in manifest.shards:
+        shard = Shard(str(root), info)
+        for (meta, image), batch in zip(shard.read(range(shard.rows)), shard.column("batch")):
+            out.append(meta | {"batch": batch, "pixels": decode_image(image)})
+    return out
 
 
 def rewritten_table(paths: list[Path]) -> pa.Table:
@@ -93,21 +105,19 @@ def test_pack_stage_accounts_for_every_row_and_batches_share_a_bucket(images, tm
     assert summary.by_reason == {Reason.PACK_ERROR: 1}
     rejected = read_dataset(tmp_path / "train" / "rejected").to_pylist()
     assert rejected[0]["uri"].endswith("broken.png") and rejected[0]["detail"]
-    rows = read_dataset(tmp_path / "train" / "kept").to_pylist()
-    assert [r["order"] for r in rows] == list(range(len(SIZES)))
+    rows = train_set_rows(tmp_path / "train")  # in stream order
     by_batch = defaultdict(list)
-    for r in rows:
-        assert len(r["pixels"]) == r["height"] * r["width"] * 3 and r["bucket"] == f"{r['height']}x{r['width']}"
-        by_batch[r["batch"]].append(r)
+    for order, r in enumerate(rows):
+        assert r["pixels"].shape == (r["height"], r["width"], 3) and r["bucket"] == f"{r['height']}x{r['width']}"
+        by_batch[r["batch"]].append(order)
     assert sorted(by_batch) == list(range(len(by_batch)))
-    for batch in by_batch.values():
-        assert len({r["bucket"] for r in batch}) == 1 and len(batch) <= 4
-        orders = [r["order"] for r in batch]
-        assert orders == list(range(orders[0], orders[0] + len(batch)))  # a batch is one contiguous run
+    for orders in by_batch.values():
+        assert len({rows[k]["bucket"] for k in orders}) == 1 and len(orders) <= 4
+        assert orders == list(range(orders[0], orders[0] + len(orders)))  # a batch is one contiguous run
     # only a bucket's last batch may be short, and nothing is dropped
     per_bucket = Counter(r["bucket"] for r in rows)
     assert per_bucket == {"32x32": 9, "24x48": 5, "48x24": 4, "24x32": 3, "32x24": 2}  # 90x110 is nearest 0.75
-    short = Counter(b[0]["bucket"] for b in by_batch.values() if len(b) < 4)
+    short = Counter(rows[b[0]]["bucket"] for b in by_batch.values() if len(b) < 4)
     assert all(n <= 1 for n in short.values())
 
 
@@ -166,3 +176,19 @@ def test_a_weights_file_that_names_none_of_the_rows_or_a_negative_weight_is_refu
         write_table(pa.table({"id": list(weights), "sampling_weight": list(weights.values())}), path)
         with pytest.raises(ValueError, match="names none|must be finite"):
             pack_rows(table, load_config([f"data.pack.weights_file={path}"]))
+
+
+def test_the_codec_and_the_shard_size_are_settings(images, tmp_path):
+    write_table(rewritten_table(images), tmp_path / "rewritten" / "part-00000.parquet")
+    png = tmp_path / "png"
+    run_stage("pack", tmp_path / "rewritten", png, load_config(["data.pack.batch_size=4", "cluster.workers=1"]))
+    small = ["data.pack.batch_size=4", "cluster.workers=1", "data.pack.image_format=jpeg", "data.pack.shard_mb=0.002"]
+    jpeg = tmp_path / "jpeg"
+    run_stage("pack", tmp_path / "rewritten", jpeg, load_config(small))
+    assert len(read_manifest(png).shards) == 1 and len(read_manifest(jpeg).shards) > 2
+    assert read_manifest(jpeg).image_format == "jpeg" and all(
+        p.suffix == ".tar" for p in (jpeg / "shards").glob("*.tar")
+    )
+    lossless, lossy = train_set_rows(png), train_set_rows(jpeg)
+    assert [r["id"] for r in lossless] == [r["id"] for r in lossy]  # the same stream, cut into more shards
+    assert any(not np.array_equal(a["pixels"], b["pixels"]) for a, b in zip(lossless, lossy))

@@ -1,13 +1,12 @@
-"""The training loader over the pack stage's output: one bucket per batch, seeded epochs, exact resume."""
+"""The training stream over the pack stage's shards: one bucket per batch, seeded epochs, exact resume, and
+each data-parallel rank reading only its own rows."""
 
 import itertools
 
-import pyarrow as pa
 import pytest
 from fresh import in_fresh_process
 
-from kiln.schemas import TRAIN
-from training.core.data import DataPosition, TrainSet, holdout_ids, next_position
+from training.core.data import DataPosition, TrainSet, holdout_ids
 from training.testing import scene_rows, write_pack_output
 
 BUCKETS = ((32, 32), (24, 40))
@@ -20,7 +19,7 @@ def table():
 
 @pytest.fixture(scope="module")
 def pack(table, tmp_path_factory):
-    return write_pack_output(tmp_path_factory.mktemp("pack"), table, shard_rows=16)
+    return write_pack_output(tmp_path_factory.mktemp("pack"), table, shard_bytes=8_000)  # several shards
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +27,22 @@ def train_set(pack):
     return TrainSet.from_dir(pack, max_batch_size=4, holdout=5)
 
 
+def one_epoch(train_set, seed=0, epoch=0, **rank):
+    stream = train_set.stream(seed=seed, start=DataPosition(epoch), **rank)
+    return list(itertools.takewhile(lambda b: b.position.epoch == epoch, stream))
+
+
+def test_the_set_is_cut_into_several_shards_between_packed_batches(train_set):
+    assert len(train_set.manifest.shards) >= 3
+    for k in range(len(train_set.manifest.shards)):
+        packed = train_set.open_shard(k).column("batch")
+        assert packed == sorted(packed)  # a batch lies in one shard
+    others = [set(train_set.open_shard(k).column("batch")) for k in range(len(train_set.manifest.shards))]
+    assert all(not (a & b) for a, b in itertools.combinations(others, 2))
+
+
 def test_every_batch_comes_from_one_bucket_with_pixels_of_that_size(train_set):
-    for b in train_set.batches:
+    for b in one_epoch(train_set):
         h, w = map(int, b.bucket.split("x"))
         assert b.pixels.shape == (b.size, h, w, 3)
         assert 1 <= b.size <= 4
@@ -37,55 +50,61 @@ def test_every_batch_comes_from_one_bucket_with_pixels_of_that_size(train_set):
 
 def test_an_epoch_yields_every_training_row_once_and_never_a_held_out_row(train_set, table):
     held = holdout_ids(table.column("id").to_pylist(), 5)
-    epoch = list(itertools.islice(train_set.stream(seed=0), len(train_set)))
-    ids = [i for b in epoch for i in b.ids]
-    assert len(ids) == len(set(ids)) == table.num_rows - 5
-    assert set(ids) | held == set(table.column("id").to_pylist())
+    for epoch in (0, 1):
+        ids = [i for b in one_epoch(train_set, epoch=epoch) for i in b.ids]
+        assert len(ids) == len(set(ids)) == table.num_rows - 5
+        assert set(ids) | held == set(table.column("id").to_pylist())
 
 
-def test_epoch_zero_keeps_pack_order_and_later_epochs_reshuffle_deterministically(train_set, pack):
-    assert train_set.epoch_order(0, seed=7) == list(range(len(train_set)))
+def test_epoch_zero_keeps_pack_order_and_later_epochs_reshuffle_deterministically(train_set, table, pack):
+    order = [i for i in table.sort_by("order").column("id").to_pylist() if i not in train_set.held_out]
+    assert [i for b in one_epoch(train_set) for i in b.ids] == order
     code = (
-        f"import json, pathlib; from training.core.data import TrainSet\n"
-        f"s = TrainSet.from_dir(pathlib.Path({str(pack)!r}), max_batch_size=4, holdout=5); print(json.dumps(s.epoch_order(1, seed=7)))"
+        "import itertools, json, pathlib; from training.core.data import TrainSet, DataPosition\n"
+        f"s = TrainSet.from_dir(pathlib.Path({str(pack)!r}), max_batch_size=4, holdout=5)\n"
+        "print(json.dumps([p.ids for p in itertools.islice(s.planned(7, DataPosition(1)), 8)]))"
     )
-    assert in_fresh_process(code) == train_set.epoch_order(
-        1, seed=7
-    )  # what a resumed run, or another rank, shuffles to
-    assert train_set.epoch_order(1, seed=7) != train_set.epoch_order(2, seed=7)
-    assert train_set.epoch_order(1, seed=7) != train_set.epoch_order(1, seed=8)
-    assert sorted(train_set.epoch_order(3, seed=7)) == list(range(len(train_set)))
+    ids = [list(p.ids) for p in itertools.islice(train_set.planned(7, DataPosition(1)), 8)]
+    assert in_fresh_process(code) == ids  # what a resumed run, or another rank, shuffles to
+    assert train_set.shard_order(1, seed=7) != train_set.shard_order(2, seed=7) or ids != [
+        list(p.ids) for p in itertools.islice(train_set.planned(7, DataPosition(2)), 8)
+    ]
+    assert [b.ids for b in one_epoch(train_set, seed=7, epoch=1)] != [
+        b.ids for b in one_epoch(train_set, seed=8, epoch=1)
+    ]
 
 
 def test_resuming_from_a_saved_position_continues_the_same_batch_sequence(train_set):
-    straight = list(itertools.islice(train_set.stream(seed=1), 3 * len(train_set)))
-    k = len(train_set) + 2  # mid second epoch
-    saved = next_position(straight[k - 1].position, len(train_set))
-    restored = DataPosition.from_dict(saved.to_dict())
+    straight = list(itertools.islice(train_set.stream(seed=1), 40))
+    k = 17  # mid second epoch
+    restored = DataPosition.from_dict(straight[k - 1].after.to_dict())
     resumed = list(itertools.islice(train_set.stream(seed=1, start=restored), len(straight) - k))
     assert [b.ids for b in resumed] == [b.ids for b in straight[k:]]
-    assert resumed[0].position == saved
+    assert resumed[0].position == straight[k - 1].after and straight[k].position == restored
+
+
+def test_two_ranks_read_disjoint_shares_whose_union_is_each_global_batch(train_set):
+    whole = list(itertools.islice(train_set.stream(seed=2), 30))
+    ranks = [list(itertools.islice(train_set.stream(seed=2, dp_rank=r, dp_size=2), 30)) for r in (0, 1)]
+    for g, a, b in zip(whole, *ranks):
+        assert not set(a.ids) & set(b.ids) and a.ids + b.ids == g.ids
+        assert a.total == b.total == g.size and (a.pixels == g.pixels[a.rows]).all()
+
+
+def test_a_run_resumed_on_one_rank_after_two_repeats_and_skips_nothing(train_set):
+    two = [list(itertools.islice(train_set.stream(seed=2, dp_rank=r, dp_size=2), 13)) for r in (0, 1)]
+    after = two[0][-1].after
+    assert two[1][-1].after == after  # every rank stands at the same global position
+    one = list(itertools.islice(train_set.stream(seed=2, start=after), 9))
+    straight = list(itertools.islice(train_set.stream(seed=2), 22))
+    seen = [a.ids + b.ids for a, b in zip(*two)] + [b.ids for b in one]
+    assert seen == [b.ids for b in straight]
 
 
 def test_hold_out_depends_only_on_which_rows_exist():
     ids = [f"r{i}" for i in range(50)]
     assert holdout_ids(ids, 4) == holdout_ids(list(reversed(ids)), 4)
-    assert len(holdout_ids(ids, 4)) == 4
-
-
-def test_a_packed_batch_that_mixes_buckets_is_refused(table):
-    rows = table.to_pylist()
-    rows[1] = rows[1] | {
-        "batch": rows[0]["batch"],
-        "bucket": "8x8",
-        "height": 8,
-        "width": 8,
-        "pixels": bytes(8 * 8 * 3),
-    }
-    with pytest.raises(ValueError, match="mixes buckets"):
-        TrainSet.from_table(
-            pa.Table.from_pylist(rows, schema=TRAIN).sort_by([("batch", "ascending"), ("order", "ascending")]), 4
-        )
+    assert len(holdout_ids(ids, 4)) == 4 and holdout_ids(ids, 0) == set()
 
 
 def test_read_ahead_keeps_the_stream_order_whatever_the_worker_count(train_set):
@@ -94,11 +113,12 @@ def test_read_ahead_keeps_the_stream_order_whatever_the_worker_count(train_set):
 
     ae = PixelAutoencoder()
 
-    def prepare(batch):
+    def prepare(work):
+        batch = train_set.read(work)
         return StepInput(batch, ae.encode(batch.pixels))
 
     def first(workers: int, n: int = 12):
-        with Prefetcher(train_set.stream(seed=0), prepare, workers) as loader:
+        with Prefetcher(train_set.work(seed=0), prepare, workers) as loader:
             return [next(loader) for _ in range(n)]
 
     plain, threaded = first(0), first(3)
@@ -121,10 +141,28 @@ def test_the_latent_cache_encodes_each_image_once_and_returns_the_same_latents(t
     from model.autoencoder import LatentCache, PixelAutoencoder
 
     ae = PixelAutoencoder()
-    batch = train_set.batches[0]
+    batch = next(train_set.stream(seed=0))
     cache = LatentCache(tmp_path, ae)
     first = cache.encode(batch.pixels)
     files = sorted(cache.root.glob("*.safetensors"))
     assert len(files) == batch.size and not list(cache.root.glob("*.tmp"))
     assert (cache.encode(batch.pixels) == first).all() and (first == ae.encode(batch.pixels)).all()
     assert sorted(cache.root.glob("*.safetensors")) == files  # read back, not written again
+
+
+def test_a_missing_shard_stops_the_run_naming_it_or_is_skipped_and_recorded(table, pack, tmp_path):
+    import shutil
+
+    from kiln.trainshards import ShardError
+
+    bad = tmp_path / "set"
+    shutil.copytree(pack, bad)
+    lost = TrainSet.from_dir(pack, 4).manifest.shards[1]
+    (bad / lost.tar).unlink()
+    with pytest.raises(ShardError, match=r"shard-000001\.tar: missing"):
+        TrainSet.from_dir(bad, max_batch_size=4)
+    skipping = TrainSet.from_dir(bad, max_batch_size=4, on_bad_shard="skip")
+    gone = set(TrainSet.from_dir(pack, 4).open_shard(1).column("id"))
+    ids = [i for b in one_epoch(skipping) for i in b.ids]
+    assert sorted(ids) == sorted(set(table.column("id").to_pylist()) - gone)  # nothing else is lost
+    assert {r["uri"] for r in skipping.skipped} == {str(bad / lost.tar)} and skipping.num_rows == len(ids)

@@ -60,7 +60,8 @@ def _worker(rank: int, world: int, port: int, te_dir: str, out: str, cases: list
     import torch.distributed as dist
 
     from kiln.config import ParallelConfig, TrainConfig
-    from training.core.distributed import full_model_state, local_rows
+    from training.core.data import local_rows
+    from training.core.distributed import full_model_state
     from training.core.muon import make_optimizer
     from training.core.parallel import build_mesh, parallelize
     from training.core.trainer import Learner, Runtime, StepBatch, step_generator, train_step

@@ -11,7 +11,8 @@ import pytest
 from scipy.stats import binomtest, chisquare
 
 from kiln.config import RewriteConfig
-from training.core.data import DataPosition, TrainSet, next_position
+from kiln.trainshards import decode_image
+from training.core.data import DataPosition, TrainSet
 from training.testing import scene_rows, write_pack_output
 
 BUCKETS = ((8, 8), (8, 16))
@@ -42,10 +43,19 @@ def many_rows():
 
 
 @pytest.fixture(scope="module")
+def many_rows_pack(many_rows, tmp_path_factory):
+    return write_pack_output(tmp_path_factory.mktemp("many"), many_rows, shard_bytes=20_000)
+
+
+def stream_of(pack, batch_size: int, probs) -> TrainSet:
+    return TrainSet.from_dir(pack, max_batch_size=batch_size, form_probs=probs)
+
+
+@pytest.fixture(scope="module")
 def weighted(tmp_path_factory):
     """A pack output whose rows carry WEIGHTS, and the folder it is in (to read it again, as a restarted process would)."""
     table = scene_rows(len(WEIGHTS), seed=6, buckets=BUCKETS, batch_size=4, weights=WEIGHTS)
-    folder = write_pack_output(tmp_path_factory.mktemp("weighted"), table, shard_rows=5)
+    folder = write_pack_output(tmp_path_factory.mktemp("weighted"), table, shard_bytes=1_000)
     return table, folder
 
 
@@ -54,8 +64,8 @@ def read_weighted(folder) -> TrainSet:
 
 
 @pytest.mark.parametrize("probs", [DEFAULT_PROBS, TERSE_PROBS], ids=["default", "terse"])
-def test_the_loader_yields_caption_forms_at_the_configured_frequencies(many_rows, probs):
-    train_set = TrainSet.from_table(many_rows, 8, form_probs=probs)
+def test_the_loader_yields_caption_forms_at_the_configured_frequencies(many_rows, many_rows_pack, probs):
+    train_set = stream_of(many_rows_pack, 8, probs)
     which = form_of_text(many_rows)
     drawn = Counter(which[(i, c)] for b in epochs(train_set, seed=0, n=10) for i, c in zip(b.ids, b.captions))
 
@@ -68,26 +78,21 @@ def test_the_loader_yields_caption_forms_at_the_configured_frequencies(many_rows
     assert result.pvalue > 0.001
 
 
-def test_a_sample_s_form_depends_only_on_seed_epoch_and_row(many_rows):
-    a = TrainSet.from_table(many_rows, 8, form_probs=DEFAULT_PROBS)
-    b = TrainSet.from_table(many_rows.slice(0, 200), 3, form_probs=DEFAULT_PROBS)  # other rows around it, other batches
-    assert all(a.caption_text(i, 7, 2) == b.caption_text(i, 7, 2) for i in b.weights)
-    first, again = epochs(a, seed=7, n=3), epochs(a, seed=7, n=3)
-    assert [x.captions for x in first] == [x.captions for x in again]
+def test_a_sample_s_form_depends_only_on_seed_epoch_and_row(many_rows, many_rows_pack, tmp_path):
+    a = stream_of(many_rows_pack, 8, DEFAULT_PROBS)
+    fewer = write_pack_output(tmp_path / "fewer", many_rows.slice(0, 200), shard_bytes=5_000)
+    b = stream_of(fewer, 3, DEFAULT_PROBS)  # other rows around it, other batches, other shards
 
-    def captions(seed: int, epoch: int) -> list[str]:
-        return [a.caption_text(i, seed, epoch) for i in sorted(a.weights)]
+    def captions(train_set, seed: int, epoch: int) -> dict[str, str]:
+        batches = epochs(train_set, seed, epoch + 1, DataPosition(epoch))
+        return {i: c for x in batches for i, c in zip(x.ids, x.captions)}
 
-    assert captions(7, 1) != captions(7, 2) and captions(7, 1) != captions(8, 1)  # a new draw per epoch and per seed
-
-
-def test_every_caption_the_stream_yields_is_in_the_text_cache_list(many_rows):
-    train_set = TrainSet.from_table(many_rows, 8, form_probs=TERSE_PROBS)
-    cached = set(train_set.captions())
-    assert {c for b in epochs(train_set, seed=0, n=5) for c in b.captions} <= cached
-    assert not any(
-        json.loads(f)["long"] in cached for f in many_rows.column("caption_forms").to_pylist()
-    )  # probability 0: not embedded
+    in_b = captions(b, 7, 2)
+    assert in_b and all(captions(a, 7, 2)[i] == c for i, c in in_b.items())
+    assert captions(a, 7, 2) == captions(a, 7, 2)
+    assert captions(a, 7, 1) != captions(a, 7, 2) and captions(a, 7, 1) != captions(
+        a, 8, 1
+    )  # a new draw per epoch, seed
 
 
 def test_sampling_weights_set_how_often_a_row_appears(weighted):
@@ -107,9 +112,9 @@ def test_sampling_weights_set_how_often_a_row_appears(weighted):
 def test_weighted_batches_keep_one_bucket_and_each_row_s_own_pixels(weighted):
     table, folder = weighted
     train_set = read_weighted(folder)
-    pixels = {r["id"]: r["pixels"] for r in table.to_pylist()}
+    pixels = {r["id"]: decode_image(r["image"]).tobytes() for r in table.to_pylist()}
     batches = epochs(train_set, seed=0, n=20)
-    assert len({train_set.epoch_length(e, 0) for e in range(20)}) > 1  # a weighted epoch's length varies
+    assert len(set(Counter(b.position.epoch for b in batches for _ in b.ids).values())) > 1  # an epoch's size varies
     for b in batches:
         h, w = map(int, b.bucket.split("x"))
         assert b.pixels.shape == (b.size, h, w, 3) and 1 <= b.size <= 4
@@ -120,26 +125,31 @@ def test_a_stream_resumed_mid_epoch_is_the_tail_of_the_uninterrupted_stream(weig
     table, folder = weighted
     train_set = read_weighted(folder)
     straight = epochs(train_set, seed=3, n=6)
-    k = train_set.epoch_length(0, 3) + train_set.epoch_length(1, 3) + 1  # mid third epoch
-    saved = next_position(straight[k - 1].position, train_set.epoch_length(straight[k - 1].position.epoch, 3))
+    k = sum(b.position.epoch < 2 for b in straight) + 1  # mid third epoch
+    saved = straight[k - 1].after
     resumed = epochs(
         read_weighted(folder), seed=3, n=6, start=DataPosition.from_dict(saved.to_dict())
     )  # a restarted process
-    assert saved == DataPosition(2, 1)
+    assert saved.epoch == 2 and saved == straight[k].position
     assert [(b.position, b.ids, b.captions) for b in resumed] == [(b.position, b.ids, b.captions) for b in straight[k:]]
     assert all(np.array_equal(a.pixels, b.pixels) for a, b in zip(resumed, straight[k:]))
-    last = straight[train_set.epoch_length(0, 3) - 1].position  # the end of an epoch rolls over to the next
-    assert next_position(last, train_set.epoch_length(0, 3)) == DataPosition(1, 0)
+    last = [b for b in straight if b.position.epoch == 0][-1]  # the end of an epoch rolls over to the next
+    assert last.after == DataPosition(1, 0, 0)
 
 
 def test_with_every_weight_one_epoch_zero_is_the_pack_order(many_rows, tmp_path):
-    folder = write_pack_output(tmp_path / "pack", many_rows, shard_rows=64)
+    folder = write_pack_output(tmp_path / "pack", many_rows)
     train_set = TrainSet.from_dir(folder, max_batch_size=8, holdout=0, form_probs=DEFAULT_PROBS)
     assert not train_set.weighted
     epoch0 = epochs(train_set, seed=0, n=1)
-    assert [i for b in epoch0 for i in b.ids] == many_rows.sort_by("order").column("id").to_pylist()
-    assert [b.ids for b in epoch0] == [b.ids for b in train_set.batches]  # the packed batches, intact
+    rows = many_rows.sort_by("order")
+    assert [i for b in epoch0 for i in b.ids] == rows.column("id").to_pylist()
+    packed = [
+        tuple(i for i, _ in group)
+        for _, group in itertools.groupby(
+            zip(rows.column("id").to_pylist(), rows.column("batch").to_pylist()), key=lambda r: r[1]
+        )
+    ]
+    assert [b.ids for b in epoch0] == packed  # the packed batches, intact
     epoch1 = [b.ids for b in epochs(train_set, seed=0, n=2)[len(epoch0) :]]
-    assert epoch1 == [
-        train_set.batches[k].ids for k in train_set.epoch_order(1, seed=0)
-    ]  # later epochs reorder packed batches
+    assert sorted(epoch1) == sorted(packed) and epoch1 != packed  # later epochs reorder packed batches

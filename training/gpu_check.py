@@ -283,7 +283,7 @@ def largest_fit_section(ctx: dict) -> dict:
         gen = init_generator(cfg.model, 0, device)
         parallelize(gen, None, ParallelConfig(), device.type)
         opt = make_optimizer(gen, cfg.train)
-        cache = TextCache.build(gen, ["a red circle on a blue background"])
+        cache = TextCache(gen)
         batch, fitted = 1, None
         while batch <= max_batch and ctx["left"]() > 30:
             try:

@@ -1,7 +1,7 @@
 """Small real inputs for training tests and benchmarks: hand-made TRAIN rows and a micro-model config.
 
 Rows are demo scenes drawn by components.demo_scenes.render with their true captions, packed the way the
-pack stage packs them (one bucket per batch, pre-shuffled order), and written as a pack output folder.
+pack stage packs them (one bucket per batch, pre-shuffled order), and written as a train set's shards.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pyarrow as pa
 from kiln.config import KilnConfig
 from kiln.sampling import FORMS, dump_forms
 from kiln.schemas import TRAIN
-from kiln.stage import write_table
+from kiln.trainshards import encode_image, train_samples, write_train_set
 
 
 def scene_rows(
@@ -76,7 +76,9 @@ def scene_train_row(row_id: str, scene, height: int, width: int) -> dict:
         "bucket": f"{height}x{width}",
         "height": height,
         "width": width,
-        "pixels": pixels.tobytes(),
+        "image": encode_image(pixels, "png"),
+        "crop_left": 0,
+        "crop_top": 0,
     }
 
 
@@ -88,10 +90,9 @@ def rule_caption_forms(caption: str) -> str:
     return dump_forms({f: getattr(forms, f) for f in FORMS})
 
 
-def write_pack_output(folder: Path, table: pa.Table, shard_rows: int = 64) -> Path:
-    """A pack-stage-shaped folder: folder/kept/part-*.parquet."""
-    for k, start in enumerate(range(0, table.num_rows, shard_rows)):
-        write_table(table.slice(start, shard_rows), folder / "kept" / f"part-{k:05d}.parquet")
+def write_pack_output(folder: Path, table: pa.Table, shard_bytes: int = 256_000_000) -> Path:
+    """A pack-stage-shaped train set (kiln.trainshards): shards of about `shard_bytes`, cut between batches."""
+    write_train_set(train_samples(table), folder, "png", shard_bytes)
     return folder
 
 

@@ -305,6 +305,13 @@ class PackConfig(Strict):
         None,
         description="concept coverage weights (assets.concepts OUT/weights.parquet: id, sampling_weight); None = every row weight 1, a row it does not name weight 1",
     )
+    image_format: Literal["png", "webp", "jpeg"] = Field(
+        "png", description="how the shards store images: png and webp lossless, jpeg at jpeg_quality"
+    )
+    jpeg_quality: int = Field(95, ge=1, le=100, description="with image_format=jpeg")
+    shard_mb: float = Field(
+        256, ge=0.001, le=65536, description="train-set shard size in MB (shards are cut between packed batches)"
+    )
 
 
 class EmbedConfig(Strict):

@@ -201,6 +201,17 @@ class TrainConfig(Strict):
     repa: RepaConfig = RepaConfig()
     dcp: DCPConfig = DCPConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    bad_shard: Literal["stop", "skip"] = Field(
+        "stop",
+        description="a train-set shard missing, truncated or with a changed index: stop naming its URI, or skip it "
+        "for that epoch and record it in train_data.json (a member whose bytes changed always stops)",
+    )
+    text_cache_mb: float = Field(
+        512,
+        ge=0,
+        le=1_000_000,
+        description="caption embeddings kept in memory, in MB (least recently used out); the rest are encoded at their step",
+    )
     loader_workers: int | None = Field(
         None,
         ge=0,

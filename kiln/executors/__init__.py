@@ -85,7 +85,9 @@ def train_task(data: Path, out: Path, cfg: KilnConfig):
     from slurm.launcher import TaskSpec
 
     return TaskSpec(
-        "training.core.trainer:train", (Path(data).resolve(), Path(out).resolve()), {"resume": True},
+        "training.core.trainer:train",
+        (data if "://" in str(data) else Path(data).resolve(), Path(out).resolve()),
+        {"resume": True},
         distributed=True, name="kiln-train", watchdog_timeout_s=cfg.train.parallel.watchdog_timeout_s,
     )  # fmt: skip
 
@@ -106,7 +108,7 @@ def run_training(
     from training.core.trainer import train
 
     if cfg.cluster.kind != "slurm":
-        return train(Path(data), Path(out), cfg, resume=resume, overwrite=overwrite)
+        return train(data if "://" in str(data) else Path(data), Path(out), cfg, resume=resume, overwrite=overwrite)
     from slurm.jobs import submit_and_wait
 
     prepare_output(Path(out), resume=resume, overwrite=overwrite)

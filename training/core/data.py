@@ -1,68 +1,105 @@
-"""Reading the pack stage's output as training batches.
+"""Streaming the pack stage's train set (kiln.trainshards) as training batches, in memory that does not grow with it.
 
-The pack stage already shuffled rows and grouped them into batches that share one aspect bucket.
-Without sampling weights (every weight 1) the loader keeps those batches intact (splitting one only when
-it is larger than the step's batch size) and only reshuffles the *order of batches* per epoch; with
-weights, each epoch draws every row about `sampling_weight` times and re-batches them per bucket. Both
-are pure functions of (seed, epoch), so a position (epoch, batch index) names exactly which rows come
-next: that is what makes a resume exact. Each sample's caption is one of the row's caption forms,
-drawn per epoch with `data.rewrite.form_probs` (kiln.sampling.pick_form).
+One global stream of batches, a pure function of (seed, epoch):
+- the epoch's shard order: epoch 0 keeps the pack's order, later epochs a permutation seeded by (seed, epoch);
+- each shard's batches: unweighted, the packed batches (split to the step's batch size), in pack order in epoch 0
+  and permuted by (seed, epoch, shard) later; weighted, each row `copies_in_epoch` times (floor(w), plus one with
+  probability frac(w)), shuffled within its bucket, cut into batches and the batches permuted, seeded likewise;
+- each sample's caption form drawn by (seed, epoch, id) (kiln.sampling.pick_form).
+
+A position (epoch, shard, batch) names exactly which batch comes next, so a resume is exact, and it does not
+depend on the number of ranks: data-parallel rank r reads only its `local_rows` of each global batch, so the
+ranks' shares are disjoint, their union is the batch, and a run resumed on any other number of ranks continues
+with the very next global batch (nothing repeated, nothing skipped). Memory: one shard's index, the batches
+prefetched, and the held-out ids.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import itertools
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from kiln.config import ConfigError
+from kiln.progress import log
 from kiln.sampling import check_form_probs, copies_in_epoch, pick_form
-from kiln.schemas import TRAIN, check_schema
-from kiln.stage import read_dataset
+from kiln.trainshards import Manifest, Shard, ShardError, decode_image, manifest_version, read_manifest
 
 
 @dataclass(frozen=True)
 class DataPosition:
-    """Where the stream stands: `batch` batches of epoch `epoch` have been consumed."""
+    """Where the stream stands: in epoch `epoch`, `shard` shards of its order read and `batch` batches of the next."""
 
     epoch: int = 0
+    shard: int = 0
     batch: int = 0
 
     def to_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batch": self.batch}
+        return {"epoch": self.epoch, "shard": self.shard, "batch": self.batch}
 
     @classmethod
     def from_dict(cls, d: dict[str, int]) -> "DataPosition":
-        return cls(epoch=int(d["epoch"]), batch=int(d["batch"]))
+        return cls(epoch=int(d["epoch"]), shard=int(d.get("shard", 0)), batch=int(d["batch"]))
+
+
+@dataclass(frozen=True)
+class PlannedBatch:
+    """One global batch of the plan, before any image is read."""
+
+    position: DataPosition  # before it; resuming from it yields this batch again
+    after: DataPosition  # where the stream stands once it is consumed
+    shard: int  # into the manifest's shards
+    rows: tuple[int, ...]  # rows of that shard's index; a weighted epoch may repeat one
+    ids: tuple[str, ...]
+    bucket: str
 
 
 @dataclass(frozen=True)
 class Batch:
-    """One training step's rows: all of one bucket, pixels as uint8 NHWC."""
+    """This rank's rows of one global batch, all of one bucket, pixels as uint8 NHWC."""
 
-    ids: tuple[str, ...]  # a weighted epoch may repeat a row
+    ids: tuple[str, ...]
     captions: tuple[str, ...]  # each row's caption form drawn for this epoch
     bucket: str
-    pixels: np.ndarray  # uint8 [B, H, W, 3]
-    position: DataPosition  # the position *before* this batch; resuming from it yields this batch again
+    pixels: np.ndarray  # uint8 [b, H, W, 3]
+    position: DataPosition
+    after: DataPosition = DataPosition()
+    rows: slice = field(default_factory=lambda: slice(None))  # which rows of the global batch these are
+    global_size: int = 0  # rows in the global batch (0: these are all of it)
 
     @property
     def size(self) -> int:
         return len(self.ids)
 
+    @property
+    def total(self) -> int:
+        return self.global_size or self.size
+
+
+@dataclass(frozen=True)
+class Work:
+    """One rank's share of a planned batch, for a loader worker to read: the shard is open, its index read."""
+
+    plan: PlannedBatch
+    shard: Shard
+    rows: slice  # of the global batch
+    seed: int
+
 
 def holdout_ids(ids: Iterable[str], n: int) -> set[str]:
-    """The `n` rows held out of training for evaluation: the smallest sha1(id), so the choice depends
-    only on which rows exist, not on their order or on the pack seed."""
-    ranked = sorted(set(ids), key=lambda i: hashlib.sha1(i.encode()).hexdigest())
-    return set(ranked[:n])
+    """The `n` rows held out of training for evaluation: the smallest sha1(id), so the choice depends only on
+    which rows exist, not on their order or on the pack seed. Streams: memory O(n), not O(rows)."""
+    if n <= 0:
+        return set()
+    ranked = heapq.nsmallest(n, {hashlib.sha1(i.encode()).hexdigest(): i for i in ids}.items())
+    return {i for _, i in ranked}
 
 
 HELDOUT_FILE = "heldout.json"  # in a checkpoint folder: the ids its run held out, inherited by runs started from it
@@ -78,22 +115,46 @@ def write_heldout(out_dir: Path, ids: set[str]) -> None:
     (Path(out_dir) / HELDOUT_FILE).write_text(json.dumps({"ids": sorted(ids)}, indent=0) + "\n")
 
 
-def choose_heldout(ids: Iterable[str], n: int, init_from: Path | str | None) -> set[str]:
-    """The rows a run holds out: those its starting checkpoint's run held out (so no rung of a ladder ever
-    trains on the first rung's held-out rows, which evaluation reads), else the `n` smallest sha1(id)."""
-    inherited = read_heldout(init_from)
-    return inherited if inherited is not None else holdout_ids(ids, n)
+def train_index(
+    data_dir: Path | str, columns: tuple[str, ...] = ("id",), skip_bad: bool = False
+) -> Iterator[tuple[int, dict[str, list]]]:
+    """(shard number, its index's `columns`) for every shard: the rows' metadata, one shard at a time.
+    `skip_bad`: leave out a shard that is missing, truncated or changed (train.bad_shard=skip)."""
+    root, manifest = str(data_dir), read_manifest(data_dir)
+    for k, info in enumerate(manifest.shards):
+        try:
+            shard = Shard(root, info)
+        except ShardError:
+            if skip_bad:
+                continue
+            raise
+        yield k, {c: shard.column(c) for c in columns}
 
 
-def read_train_table(data_dir: Path) -> pa.Table:
-    """The pack stage's kept rows (`DIR/kept/part-*.parquet`, or DIR itself), schema-checked, in stream order."""
-    src = data_dir / "kept" if (data_dir / "kept").is_dir() else data_dir
-    table = check_schema(read_dataset(src), TRAIN, f"training data {src}")
-    return table.sort_by([("batch", "ascending"), ("order", "ascending")])
+def train_ids(data_dir: Path | str, skip_bad: bool = False) -> Iterator[str]:
+    for _, index in train_index(data_dir, skip_bad=skip_bad):
+        yield from index["id"]
+
+
+def read_train_rows(data_dir: Path | str, ids: set[str]) -> pa.Table:
+    """The rows `ids` with their images decoded: id, caption, caption_forms, sampling_weight, bucket, height,
+    width, pixels (uint8 HxWx3 bytes), in stream order. For evaluation's few rows, not for training."""
+    root, manifest = str(data_dir), read_manifest(data_dir)
+    out: list[dict] = []
+    for info in manifest.shards:
+        shard = Shard(root, info)
+        rows = [r for r, i in enumerate(shard.column("id")) if i in ids]
+        for meta, image in shard.read(rows) if rows else []:
+            pixels = decode_image(image)
+            out.append(
+                {k: meta[k] for k in ("id", "caption", "caption_forms", "sampling_weight", "bucket", "height", "width")}
+                | {"pixels": pixels.tobytes()}
+            )
+    return pa.Table.from_pylist(out)
 
 
 def decode_pixels(table: pa.Table) -> np.ndarray:
-    """uint8 [N, H, W, 3] from the `pixels` column of rows that share one bucket."""
+    """uint8 [N, H, W, 3] from the `pixels` column of rows that share one size (read_train_rows)."""
     h, w = table.column("height").to_pylist(), table.column("width").to_pylist()
     if len(set(h)) != 1 or len(set(w)) != 1:
         raise ValueError(f"rows of one batch have several sizes: {sorted(set(zip(h, w)))}")
@@ -101,248 +162,266 @@ def decode_pixels(table: pa.Table) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8).reshape(table.num_rows, h[0], w[0], 3)
 
 
-def _check_one_bucket(table: pa.Table, batch_no: int) -> str:
-    buckets = set(table.column("bucket").to_pylist())
-    if len(buckets) != 1:
-        raise ValueError(f"packed batch {batch_no} mixes buckets {sorted(buckets)}")
-    return buckets.pop()
+def choose_heldout(ids: Iterable[str], n: int, init_from: Path | str | None) -> set[str]:
+    """The rows a run holds out: those its starting checkpoint's run held out (so no rung of a ladder ever
+    trains on the first rung's held-out rows, which evaluation reads), else the `n` smallest sha1(id)."""
+    inherited = read_heldout(init_from)
+    return inherited if inherited is not None else holdout_ids(ids, n)
+
+
+@dataclass
+class _Census:
+    """One pass over every shard's index: what a run must know before step 1, in memory O(held out)."""
+
+    rows: int = 0
+    held: int = 0  # of this set's rows, held out
+    weight_min: float = float("inf")
+    weight_max: float = float("-inf")
+    weight_sum: float = 0.0
+    positive: bool = False
+    buckets: dict[str, int] = field(default_factory=dict)
 
 
 class TrainSet:
-    """The packed batches of one training set, in memory (the demo and per-stage sets fit; a streaming
-    reader over shards would keep this interface), with each row's caption forms and sampling weight.
-
-    `batches` are the pack's batches (split to `batch_size`), captioned with the long caption; what a
-    step trains on comes from `stream`, where each sample's caption is the form drawn for its epoch
-    (`form_probs`; None = the long caption) and, when any weight differs from 1, the rows of an epoch
-    are drawn by weight (`epoch_batches`)."""
+    """The pack stage's train set, streamed: `stream(seed, position, dp_rank, dp_size)` yields this rank's rows
+    of each global batch from `position` on, reading only those rows' images."""
 
     def __init__(
         self,
-        batches: list[Batch],
-        batch_size: int | None = None,
-        forms: dict[str, dict[str, str]] | None = None,
-        weights: dict[str, float] | None = None,
+        root: str,
+        manifest: Manifest,
+        batch_size: int,
+        held_out: set[str],
         form_probs: dict[str, float] | None = None,
+        on_bad_shard: str = "stop",
     ):
-        if not batches:
-            raise ValueError("training set has no rows")
-        self.batches = batches
-        self.batch_size = batch_size or max(b.size for b in batches)
+        self.root, self.manifest = root, manifest
+        self.batch_size = batch_size
+        self.held_out = held_out
         self.form_probs = dict(form_probs) if form_probs is not None else None
-        self.held_out: set[str] = set()  # ids kept out of training (from_dir)
-        self.forms = forms or {}
-        self._packed = {b.ids: b for b in batches}  # an epoch batch that is a packed batch reuses its pixels
-        self._where = {i: (k, j) for k, b in enumerate(batches) for j, i in enumerate(b.ids)}
-        self._long = {i: c for b in batches for i, c in zip(b.ids, b.captions)}
-        self.weights = {i: 1.0 for i in self._where} | {i: w for i, w in (weights or {}).items() if i in self._where}
-        self._plans: dict[tuple[int, int], list[tuple[str, ...]]] = {}
-        self._check_weights()
-        self._check_forms()
-
-    def _check_weights(self) -> None:
-        if any(not (w >= 0 and np.isfinite(w)) for w in self.weights.values()):
-            raise ValueError("sampling weights must be finite and >= 0")
-        if not any(w > 0 for w in self.weights.values()):
-            raise ValueError("no training row has a positive sampling weight")
-
-    def _check_forms(self) -> None:
-        """Every form the probabilities can draw exists on every row: a missing one fails here, not mid-run."""
-        if self.form_probs is None:
-            return
-        check_form_probs(self.form_probs)
-        for form in self.drawable_forms():
-            missing = [i for i in self._where if form not in self.forms.get(i, {})]
-            if missing:
-                raise ValueError(
-                    f"caption form {form!r} (probability {self.form_probs[form]}) is missing on {len(missing)} rows, e.g. {missing[0]}"
-                )
-
-    @classmethod
-    def from_table(
-        cls,
-        table: pa.Table,
-        max_batch_size: int,
-        exclude_ids: set[str] | None = None,
-        form_probs: dict[str, float] | None = None,
-    ) -> "TrainSet":
-        if exclude_ids:
-            table = table.filter(pc.invert(pc.is_in(table.column("id"), pa.array(sorted(exclude_ids)))))
-        batches: list[Batch] = []
-        batch_col = table.column("batch").to_numpy()
-        starts = np.flatnonzero(np.r_[True, batch_col[1:] != batch_col[:-1]]) if len(batch_col) else []
-        ends = list(starts[1:]) + [len(batch_col)]
-        for s, e in zip(starts, ends):
-            packed = table.slice(int(s), int(e - s))
-            bucket = _check_one_bucket(packed, int(batch_col[s]))
-            for off in range(0, packed.num_rows, max_batch_size):
-                part = packed.slice(off, max_batch_size)
-                batches.append(
-                    Batch(
-                        ids=tuple(part.column("id").to_pylist()),
-                        captions=tuple(part.column("caption").to_pylist()),
-                        bucket=bucket,
-                        pixels=decode_pixels(part),
-                        position=DataPosition(),
-                    )
-                )
-        ids = table.column("id").to_pylist()
-        forms = {i: json.loads(f) for i, f in zip(ids, table.column("caption_forms").to_pylist())}
-        weights = dict(zip(ids, table.column("sampling_weight").to_pylist()))
-        return cls(batches, max_batch_size, forms, weights, form_probs)
+        self.on_bad_shard = on_bad_shard
+        self.skipped: list[dict] = []  # shards skipped (on_bad_shard=skip): epoch, uri, why
+        if self.form_probs is not None:
+            check_form_probs(self.form_probs)
+        self.census = self._take_census()
+        self._shard: tuple[int, Shard] | None = None
 
     @classmethod
     def from_dir(
         cls,
-        data_dir: Path,
+        data_dir: Path | str,
         max_batch_size: int,
         holdout: int = 0,
         form_probs: dict[str, float] | None = None,
         init_from: Path | str | None = None,
+        on_bad_shard: str = "stop",
     ) -> "TrainSet":
         """Hold out `holdout` rows, or the rows `init_from`'s run held out (choose_heldout); `held_out` says which."""
-        table = read_train_table(data_dir)
-        ids = set(table.column("id").to_pylist())
-        held = choose_heldout(ids, holdout, init_from)
-        if (
-            ids and ids <= held
-        ):  # else the trainer would fail later with "no training row has a positive sampling weight"
+        root = str(data_dir)
+        manifest = read_manifest(root)
+        held = choose_heldout(train_ids(root, skip_bad=on_bad_shard == "skip"), holdout, init_from)
+        out = cls(root, manifest, max_batch_size, held, form_probs, on_bad_shard)
+        if out.num_rows == 0:
             why = (
                 f"the {len(held)} rows {init_from} held out"
                 if read_heldout(init_from) is not None
                 else f"train.holdout={holdout}"
             )
             raise ConfigError(
-                f"{why}: no row is left to train on, the train set {data_dir} has {len(ids)} rows (train.holdout must be below that)"
+                f"{why}: no row is left to train on, the train set {data_dir} has {manifest.rows} rows (train.holdout must be below that)"
             )
-        out = cls.from_table(table, max_batch_size, held, form_probs)
-        out.held_out = held
+        if not out.census.positive:
+            raise ValueError("no training row has a positive sampling weight")
         return out
 
-    def __len__(self) -> int:
-        """Packed batches; an epoch of a weighted set may have more or fewer (`epoch_length`)."""
-        return len(self.batches)
+    def _take_census(self) -> _Census:
+        c = _Census()
+        for info in self.manifest.shards:
+            try:
+                shard = Shard(self.root, info)
+            except ShardError as e:
+                if self.on_bad_shard != "skip":
+                    raise
+                log.warning("train: a bad shard, skipped (train.bad_shard=skip): %s", e)
+                self.skipped.append({"epoch": None, "uri": e.uri, "why": str(e)})
+                continue
+            for i, w, b in zip(shard.column("id"), shard.column("sampling_weight"), shard.column("bucket")):
+                if i in self.held_out:
+                    c.held += 1
+                    continue
+                if not (w >= 0 and np.isfinite(w)):
+                    raise ValueError(f"{info.tar}: sampling weights must be finite and >= 0, row {i} has {w}")
+                c.rows += 1
+                c.weight_min, c.weight_max, c.weight_sum = min(c.weight_min, w), max(c.weight_max, w), c.weight_sum + w
+                c.positive |= w > 0
+                c.buckets[b] = c.buckets.get(b, 0) + 1
+        return c
 
     @property
     def num_rows(self) -> int:
-        return sum(b.size for b in self.batches)
+        """Rows trained on: the set's rows less those held out."""
+        return self.census.rows
 
     @property
     def weighted(self) -> bool:
         """Whether any row's weight differs from 1: only then are an epoch's rows drawn rather than read in pack order."""
-        return any(w != 1.0 for w in self.weights.values())
+        return self.manifest.weighted
+
+    @property
+    def buckets(self) -> list[str]:
+        return sorted(self.census.buckets)
+
+    def main_bucket(self) -> str:
+        """The bucket most rows are in (ties broken by name): the resolution samples are drawn at."""
+        return min(self.census.buckets, key=lambda k: (-self.census.buckets[k], k))
+
+    def weight_summary(self) -> dict[str, float]:
+        c = self.census
+        return {"min": c.weight_min, "mean": c.weight_sum / c.rows, "max": c.weight_max}
 
     def drawable_forms(self) -> list[str]:
         return sorted(f for f, p in (self.form_probs or {}).items() if p > 0)
-
-    def captions(self) -> list[str]:
-        """Every caption text the stream can yield, unique and sorted: the text-embedding cache is built over these once."""
-        if self.form_probs is None:
-            return sorted(set(self._long.values()))
-        return sorted({self.forms[i][f] for i in self._where for f in self.drawable_forms()})
 
     def caption_form(self, row_id: str, seed: int, epoch: int) -> str | None:
         """The caption form this row trains on in `epoch`; None without form probabilities (the long caption)."""
         return None if self.form_probs is None else pick_form(row_id, self.form_probs, seed, epoch)
 
-    def caption_text(self, row_id: str, seed: int, epoch: int) -> str:
-        form = self.caption_form(row_id, seed, epoch)
-        return self._long[row_id] if form is None else self.forms[row_id][form]
-
-    def main_bucket(self) -> str:
-        """The bucket most rows are in (ties broken by name): the resolution samples are drawn at."""
-        counts: dict[str, int] = {}
-        for b in self.batches:
-            counts[b.bucket] = counts.get(b.bucket, 0) + b.size
-        return min(counts, key=lambda k: (-counts[k], k))
-
-    def epoch_order(self, epoch: int, seed: int) -> list[int]:
-        """Packed-batch order of one unweighted epoch: epoch 0 keeps the pack stage's pre-shuffled order,
-        later epochs are a permutation seeded by (seed, epoch)."""
-        if epoch == 0:
-            return list(range(len(self.batches)))
-        rng = np.random.default_rng([seed, epoch])
-        return rng.permutation(len(self.batches)).tolist()
-
-    def epoch_batches(self, epoch: int, seed: int) -> list[tuple[str, ...]]:
-        """The row ids of each batch of one epoch, in order; a pure function of (seed, epoch).
-
-        Unweighted: the packed batches in `epoch_order`. Weighted: each row appears `copies_in_epoch`
-        times (floor(w), plus one with probability frac(w)), its copies shuffled within its bucket, cut
-        into batches of `batch_size`, and the batches shuffled, all seeded by (seed, epoch)."""
-        key = (seed, epoch)
-        if key not in self._plans:
-            if len(self._plans) >= 4:  # the stream moves forward: old epochs are not asked for again
-                self._plans.clear()
-            self._plans[key] = (
-                self._weighted_epoch(epoch, seed)
-                if self.weighted
-                else [self.batches[k].ids for k in self.epoch_order(epoch, seed)]
+    def caption_text(self, meta: dict, seed: int, epoch: int) -> str:
+        form = self.caption_form(meta["id"], seed, epoch)
+        if form is None:
+            return meta["caption"]
+        forms = json.loads(meta["caption_forms"])
+        if form not in forms:
+            raise ValueError(
+                f"caption form {form!r} (probability {self.form_probs[form]}) is missing on row {meta['id']}"  # type: ignore[index]
             )
-        return self._plans[key]
+        return forms[form]
 
-    def _weighted_epoch(self, epoch: int, seed: int) -> list[tuple[str, ...]]:
-        per_bucket: dict[str, list[str]] = {}
-        for b in self.batches:
-            for i in b.ids:
-                per_bucket.setdefault(b.bucket, []).extend([i] * copies_in_epoch(self.weights[i], i, seed, epoch))
-        rng = np.random.default_rng([seed, epoch])
-        batches: list[tuple[str, ...]] = []
+    # -- the plan -------------------------------------------------------------------------------------------
+
+    def shard_order(self, epoch: int, seed: int) -> list[int]:
+        n = len(self.manifest.shards)
+        return list(range(n)) if epoch == 0 else np.random.default_rng([seed, epoch]).permutation(n).tolist()
+
+    def open_shard(self, k: int) -> Shard:
+        if self._shard is None or self._shard[0] != k:
+            self._shard = (k, Shard(self.root, self.manifest.shards[k]))
+        return self._shard[1]
+
+    def shard_batches(self, k: int, epoch: int, seed: int) -> list[tuple[int, ...]]:
+        """Shard k's batches in one epoch, as rows of its index: a pure function of (seed, epoch, k)."""
+        shard = self.open_shard(k)
+        ids = shard.column("id")
+        live = [r for r, i in enumerate(ids) if i not in self.held_out]
+        rng = np.random.default_rng([seed, epoch, k])
+        if not self.weighted:
+            packed = shard.column("batch")
+            batches = [
+                part[off : off + self.batch_size]
+                for _, group in itertools.groupby(live, key=packed.__getitem__)
+                for part in [tuple(group)]
+                for off in range(0, len(part), self.batch_size)
+            ]
+            return batches if epoch == 0 else [batches[j] for j in rng.permutation(len(batches))]
+        weights, buckets = shard.column("sampling_weight"), shard.column("bucket")
+        per_bucket: dict[str, list[int]] = {}
+        for r in live:
+            per_bucket.setdefault(buckets[r], []).extend([r] * copies_in_epoch(weights[r], ids[r], seed, epoch))
+        batches = []
         for bucket in sorted(per_bucket):
             rows = per_bucket[bucket]
-            shuffled = [rows[k] for k in rng.permutation(len(rows))]
-            batches += [tuple(shuffled[k : k + self.batch_size]) for k in range(0, len(shuffled), self.batch_size)]
-        return [batches[k] for k in rng.permutation(len(batches))]
+            shuffled = [rows[j] for j in rng.permutation(len(rows))]
+            batches += [tuple(shuffled[j : j + self.batch_size]) for j in range(0, len(shuffled), self.batch_size)]
+        return [batches[j] for j in rng.permutation(len(batches))]
 
-    def epoch_length(self, epoch: int, seed: int) -> int:
-        """Batches in one epoch: what `next_position` needs to know when an epoch ends."""
-        return len(self.epoch_batches(epoch, seed))
+    def _batches_or_skip(self, k: int, epoch: int, seed: int) -> list[tuple[int, ...]]:
+        try:
+            return self.shard_batches(k, epoch, seed)
+        except ShardError as e:
+            if self.on_bad_shard != "skip":
+                raise
+            log.warning("train: epoch %d: skipping a bad shard (train.bad_shard=skip): %s", epoch, e)
+            self.skipped.append({"epoch": epoch, "uri": e.uri, "why": str(e)})
+            return []
 
-    def planned(
-        self, seed: int, start: DataPosition = DataPosition()
-    ) -> Iterator[tuple[DataPosition, tuple[str, ...]]]:
-        """Endless (position, row ids) from `start`, without pixels: the stream's plan."""
-        epoch, index = start.epoch, start.batch
+    def planned(self, seed: int, start: DataPosition = DataPosition()) -> Iterator[PlannedBatch]:
+        """Endless global batches from `start`, without pixels: the stream's plan."""
+        epoch, s, b = start.epoch, start.shard, start.batch
+        empty_epochs = 0
         while True:
-            plan = self.epoch_batches(epoch, seed)
-            for i in range(index, len(plan)):
-                yield DataPosition(epoch, i), plan[i]
-            epoch, index = epoch + 1, 0
+            order = self.shard_order(epoch, seed)
+            yielded = False
+            for pos in range(s, len(order)):
+                k = order[pos]
+                batches = self._batches_or_skip(k, epoch, seed)
+                ids = self.open_shard(k).column("id") if batches else []
+                buckets = self.open_shard(k).column("bucket") if batches else []
+                for j in range(b, len(batches)):
+                    rows = batches[j]
+                    after = (
+                        DataPosition(epoch, pos, j + 1)
+                        if j + 1 < len(batches)
+                        else DataPosition(epoch, pos + 1, 0)
+                        if pos + 1 < len(order)
+                        else DataPosition(epoch + 1, 0, 0)
+                    )
+                    yielded = True
+                    yield PlannedBatch(
+                        DataPosition(epoch, pos, j), after, k, rows, tuple(ids[r] for r in rows), buckets[rows[0]]
+                    )
+                b = 0
+            empty_epochs = 0 if yielded else empty_epochs + 1
+            if empty_epochs >= 100:
+                raise ValueError(
+                    f"{self.root}: 100 epochs in a row drew no rows (weights too small, or every shard bad)"
+                )
+            epoch, s = epoch + 1, 0
 
-    def stream(self, seed: int, start: DataPosition = DataPosition()) -> Iterator[Batch]:
-        """Endless batches from `start`; each carries the position it was read at."""
-        for pos, ids in self.planned(seed, start):
-            yield self._batch(ids, seed, pos)
+    def work(
+        self, seed: int, start: DataPosition = DataPosition(), dp_rank: int = 0, dp_size: int = 1
+    ) -> Iterator[Work]:
+        """Endless work items from `start`: this rank's `local_rows` of each global batch, nothing read yet."""
+        for plan in self.planned(seed, start):
+            mine = local_rows(len(plan.rows), dp_rank, dp_size, allow_empty=True)  # a bucket's last batch may be small
+            yield Work(plan, self.open_shard(plan.shard), mine, seed)
 
-    def _batch(self, ids: tuple[str, ...], seed: int, pos: DataPosition) -> Batch:
-        packed = self._packed.get(ids)
-        first = self.batches[self._where[ids[0]][0]]
+    def read(self, w: Work) -> Batch:
+        """A work item's rows, read and decoded: what a loader worker does (thread-safe: it touches only `w`)."""
+        samples = w.shard.read(w.plan.rows[w.rows])
+        h, wd = bucket_size(w.plan.bucket)
         pixels = (
-            packed.pixels
-            if packed is not None
-            else np.stack([self.batches[k].pixels[j] for k, j in map(self._where.__getitem__, ids)])
+            np.stack([decode_image(image) for _, image in samples]) if samples else np.zeros((0, h, wd, 3), np.uint8)
         )
-        return Batch(ids, tuple(self.caption_text(i, seed, pos.epoch) for i in ids), first.bucket, pixels, pos)
+        captions = tuple(self.caption_text(meta, w.seed, w.plan.position.epoch) for meta, _ in samples)
+        p = w.plan
+        return Batch(p.ids[w.rows], captions, p.bucket, pixels, p.position, p.after, w.rows, len(p.rows))
+
+    def stream(
+        self, seed: int, start: DataPosition = DataPosition(), dp_rank: int = 0, dp_size: int = 1
+    ) -> Iterator[Batch]:
+        """Endless batches from `start`, read in this thread (the trainer reads them in loader workers)."""
+        return map(self.read, self.work(seed, start, dp_rank, dp_size))
 
     def form_counts(self, seed: int, batches: int) -> dict[str, int]:
-        """How many samples drew each caption form over the first `batches` batches of the stream
+        """How many samples drew each caption form over the first `batches` global batches of the stream
         (a run's steps, whether or not it was resumed on the way)."""
         if self.form_probs is None:
             return {}
         counts = dict.fromkeys(sorted(self.form_probs), 0)
-        for pos, ids in itertools.islice(self.planned(seed), batches):
-            for i in ids:
-                counts[pick_form(i, self.form_probs, seed, pos.epoch)] += 1
+        for plan in itertools.islice(self.planned(seed), batches):
+            for i in plan.ids:
+                counts[pick_form(i, self.form_probs, seed, plan.position.epoch)] += 1
         return counts
 
-    def weight_summary(self) -> dict[str, float]:
-        w = list(self.weights.values())
-        return {"min": min(w), "mean": sum(w) / len(w), "max": max(w)}
 
-
-def next_position(pos: DataPosition, n_batches: int) -> DataPosition:
-    """The position after consuming the batch read at `pos`."""
-    return DataPosition(pos.epoch + 1, 0) if pos.batch + 1 >= n_batches else DataPosition(pos.epoch, pos.batch + 1)
+def local_rows(batch: int, dp_rank: int, dp_size: int, allow_empty: bool = False) -> slice:
+    """This data-parallel rank's contiguous share of a global batch (sizes differ by at most one); with
+    `allow_empty`, a batch smaller than dp_size leaves the last ranks no rows (they still take the step)."""
+    if batch < dp_size and not allow_empty:
+        raise ValueError(f"a batch of {batch} rows cannot feed {dp_size} data-parallel ranks")
+    base, extra = divmod(batch, dp_size)
+    start = dp_rank * base + min(dp_rank, extra)
+    return slice(start, start + base + (dp_rank < extra))
 
 
 def bucket_size(bucket: str) -> tuple[int, int]:
@@ -351,14 +430,7 @@ def bucket_size(bucket: str) -> tuple[int, int]:
     return int(h), int(w)
 
 
-def dataset_version(data_dir: Path) -> str:
-    """sha256 over the pack output's Parquet files (names and bytes, sorted by name): a new version of
-    the data gives a new reference set, the same data always the same one."""
-    root = Path(data_dir)
-    h = hashlib.sha256()
-    for f in sorted(root.rglob("*.parquet")):
-        h.update(str(f.relative_to(root)).encode() + b"\0")
-        with f.open("rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
+def dataset_version(data_dir: Path | str) -> str:
+    """The train set's content hash: sha256 of its manifest, which lists every shard's and index's sha256.
+    A new version of the data gives a new reference set, the same data always the same one."""
+    return manifest_version(data_dir)

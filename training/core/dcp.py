@@ -93,6 +93,7 @@ def _state(model, opt, run: RunState, aux: dict | None = None) -> dict:
     extra = {
         "step": torch.tensor(run.step),
         "epoch": torch.tensor(run.position.epoch),
+        "shard": torch.tensor(run.position.shard),
         "batch": torch.tensor(run.position.batch),
         "loss_ema": torch.tensor(float("nan") if run.loss_ema is None else run.loss_ema, dtype=torch.float64),
         "last_loss": torch.tensor(float("nan") if run.last_loss is None else run.last_loss, dtype=torch.float64),
@@ -312,13 +313,12 @@ class Checkpointer:
         if problems and _rank() == 0:
             log.warning("resume: falling back to %s", path.name)
         meta = json.loads((path / META).read_text())
-        for key, value in self.mesh_facts.items():
-            if meta.get(key) != value:
-                raise ResumeMismatch(
-                    f"{path} was saved with {key}={meta.get(key)}, this run has {value}: resume with the same layout"
-                )
+        resharded = self._check_layout(path, meta)
         self._check_train_set(path, meta.get("train_set_version"))
         state = _state(model, opt, RunState(0, DataPosition()), self.aux)
+        if resharded:  # another number of ranks: DCP reshards weights and moments; per-rank RNG states do not map
+            for key in [k for k in state["extra"] if k.startswith("rng_")]:
+                del state["extra"][key]
         safe_load(state, path, no_dist=not dist.is_initialized())
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
         for name, (module, module_opt) in self.aux.items():
@@ -329,7 +329,8 @@ class Checkpointer:
                 optim_state_dict=state[f"aux_{name}_optim"],
             )
         extra = state["extra"]
-        torch.set_rng_state(extra[f"rng_cpu_rank{_rank()}"])
+        if f"rng_cpu_rank{_rank()}" in extra:
+            torch.set_rng_state(extra[f"rng_cpu_rank{_rank()}"])
         if f"rng_cuda_rank{_rank()}" in extra:
             torch.cuda.set_rng_state(extra[f"rng_cuda_rank{_rank()}"])
 
@@ -337,8 +338,28 @@ class Checkpointer:
             v = float(t)
             return None if math.isnan(v) else v
 
-        position = DataPosition(int(extra["epoch"]), int(extra["batch"]))
+        position = DataPosition(int(extra["epoch"]), int(extra["shard"]), int(extra["batch"]))
         return RunState(int(extra["step"]), position, opt_float(extra["loss_ema"]), opt_float(extra["last_loss"]))
+
+    def _check_layout(self, path: Path, meta: dict) -> bool:
+        """Refuse another tensor-parallel degree or optimiser; another number of data-parallel ranks is a
+        resharded resume (True): the data stream's position is global (training.core.data), so the run
+        continues with the next global batch. Not with an EMA, whose shards are each rank's own."""
+        for key, value in self.mesh_facts.items():
+            if meta.get(key) == value or (key == "world_size" and "ema" not in self.aux):
+                continue
+            raise ResumeMismatch(
+                f"{path} was saved with {key}={meta.get(key)}, this run has {value}: resume with the same layout"
+            )
+        resharded = meta.get("world_size") != self.mesh_facts.get("world_size")
+        if resharded and _rank() == 0:
+            log.warning(
+                "resume: %s was saved on %s ranks, this run has %s: resharded by DCP",
+                path.name,
+                meta.get("world_size"),
+                self.mesh_facts.get("world_size"),
+            )
+        return resharded
 
     def _check(self, path: Path) -> str | None:
         """Why `path` cannot be resumed (None: it can); every rank gets the same answer."""

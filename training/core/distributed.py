@@ -71,15 +71,6 @@ def build_ranks(tp: int, device_type: str):
     )
 
 
-def local_rows(batch: int, dp_rank: int, dp_size: int) -> slice:
-    """This data-parallel rank's contiguous share of a global batch (sizes differ by at most one)."""
-    if batch < dp_size:
-        raise ValueError(f"a batch of {batch} rows cannot feed {dp_size} data-parallel ranks")
-    base, extra = divmod(batch, dp_size)
-    start = dp_rank * base + min(dp_rank, extra)
-    return slice(start, start + base + (dp_rank < extra))
-
-
 def grad_norm_and_clip(params: list[torch.Tensor], max_norm: float) -> float:
     """Global L2 norm of the gradients (DTensor-aware: each norm is reduced over its own mesh), clipped."""
     sq = 0.0

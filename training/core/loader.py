@@ -1,9 +1,10 @@
-"""The input side of a training step: latents for the next batches, prepared while the current step runs.
+"""The input side of a training step: the next batches read, decoded and encoded while the current step runs.
 
-The pack stage already decoded and bucketed the pixels; what is left per step is the autoencoder (a VAE
-forward for latent models, a cast for pixel space) or a read from the latent cache. `Prefetcher` runs that
-in `workers` threads, a few batches ahead, and hands batches back in stream order, so a resumed run still
-sees exactly the batches of the uninterrupted one.
+`Prefetcher` takes the stream's work items (which rows of which shard, training.core.data.Work) and runs what
+each needs in `workers` threads, a few batches ahead: the ranged reads, the image decode, and the autoencoder
+(a VAE forward for latent models, a cast for pixel space) or a read from the latent cache. It hands batches
+back in stream order, so a resumed run still sees exactly the batches of the uninterrupted one. On CUDA the
+inputs land in pinned memory, so the copy to the device does not block the step.
 """
 
 from __future__ import annotations
@@ -21,16 +22,19 @@ from training.core.data import Batch
 @dataclass(frozen=True)
 class StepInput:
     batch: Batch
-    x0: Tensor  # the model's input space: latents (or [-1, 1] pixels), [B, C, H, W]
+    x0: Tensor  # the model's input space: latents (or [-1, 1] pixels), [b, C, H, W]
 
 
-def latent_encoder(gen, cache_dir: str | None) -> Callable[[Batch], StepInput]:
-    """Batch -> StepInput through the Generator's autoencoder, via the on-disk latent cache when configured."""
+def latent_encoder(gen, cache_dir: str | None, pin: bool = False) -> Callable[[Batch], StepInput]:
+    """Batch -> StepInput through the Generator's autoencoder, via the on-disk latent cache when configured;
+    `pin`: into page-locked memory, for a non-blocking copy to the GPU."""
     encode = gen.autoencoder.encode
     if cache_dir:
         from model.autoencoder import LatentCache
 
         encode = LatentCache(cache_dir, gen.autoencoder).encode
+    if pin:
+        return lambda batch: StepInput(batch, encode(batch.pixels).pin_memory())
     return lambda batch: StepInput(batch, encode(batch.pixels))
 
 
@@ -44,10 +48,10 @@ def loader_workers(configured: int | None, device_type: str) -> int:
 
 
 class Prefetcher:
-    """Ordered, bounded read-ahead over an endless batch stream; `workers=0` prepares in the caller."""
+    """Ordered, bounded read-ahead over an endless stream of work; `workers=0` prepares in the caller."""
 
     def __init__(
-        self, stream: Iterator[Batch], prepare: Callable[[Batch], StepInput], workers: int = 1, depth: int | None = None
+        self, stream: Iterator, prepare: Callable[[object], StepInput], workers: int = 1, depth: int | None = None
     ):
         self.stream, self.prepare = stream, prepare
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="kiln-loader") if workers > 0 else None

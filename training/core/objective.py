@@ -30,11 +30,14 @@ def sample_timesteps(
     return shift_timesteps(sample_logit_normal(batch, generator, mean, std, device), shift)
 
 
-def drop_captions(text, null_text, p: float, generator: torch.Generator):
-    """Replace each row's caption by the null caption with probability p: the unconditional branch CFG needs."""
+def drop_captions(
+    text, null_text, p: float, generator: torch.Generator, n: int | None = None, rows: slice = slice(None)
+):
+    """Replace each row's caption by the null caption with probability p: the unconditional branch CFG needs.
+    The draw covers `n` rows (default: all of `text`); `text` holds its `rows`."""
     if p <= 0:
         return text
-    keep = torch.rand(len(text), generator=generator, device=generator.device) >= p
+    keep = (torch.rand(n or len(text), generator=generator, device=generator.device) >= p)[rows]
     return text.where(keep, null_text)
 
 

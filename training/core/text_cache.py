@@ -1,42 +1,88 @@
-"""Text embeddings computed once per training set, not once per step.
+"""Caption embeddings computed at the step that needs them, with a cache of the recent ones bounded in bytes.
 
-The text backbone is frozen, so a caption's hidden states never change during training: encoding every
-unique caption up front takes the MiniLM forward pass out of the step. (Across runs, the backbone's own
-disk cache, `model.text_encoder.cache_dir`, keeps them; this is the in-memory index over one set.)
+The text backbone is frozen, so a caption's hidden states never change during training; but encoding every
+caption form of a lab's set up front, and keeping them on every rank, grows with the data (five forms of a
+billion images). `TextCache` encodes the step's captions it has not seen lately, in one no-grad batch on the
+training device, and keeps the recent ones up to `capacity_mb` (least recently used out). It stores each
+caption's tokens only (the span its mask marks), and hands back rows zero-padded outside that span, hits and
+misses alike: the DiT masks padding out, so the step is the same whatever the cache held (bit for bit, which an
+exact resume needs; tests/test_text_cache.py checks both).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from kiln.progress import progress
+
+@dataclass(frozen=True)
+class _Row:
+    hidden: torch.Tensor  # [n_layers, hi - lo, D], on the CPU
+    lo: int
+    hi: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.hidden.numel() * self.hidden.element_size()
 
 
 class TextCache:
-    """All unique captions' TextBatch rows; `batch(captions)` gathers the rows of one step."""
+    """`batch(captions, device)`: the step's TextBatch, encoding the captions not held; at most `capacity_mb` held."""
 
-    def __init__(self, text, captions: Sequence[str]):
-        self.text = text  # model.text_encoder.TextBatch on CPU, one row per caption
-        self.index = {c: i for i, c in enumerate(captions)}
-        if len(self.index) != len(text):
-            raise ValueError(f"{len(text)} embeddings for {len(self.index)} unique captions")
-
-    @classmethod
-    def build(cls, gen, captions: Sequence[str], chunk: int = 64) -> "TextCache":
-        from model.text_encoder import TextBatch
-
-        captions = sorted(set(captions))
-        parts = []
-        with torch.no_grad():
-            for i in progress(range(0, len(captions), chunk), desc="text embeddings", unit="chunk"):
-                parts.append(gen.encode_text(captions[i : i + chunk]).to("cpu"))
-        return cls(TextBatch.cat(parts), captions)
+    def __init__(self, gen, capacity_mb: float = 512):
+        self.gen = gen
+        self.capacity = int(capacity_mb * 1e6)
+        self.rows: OrderedDict[str, _Row] = OrderedDict()
+        self.held = 0  # bytes
+        self.encoded = 0  # captions encoded so far (a miss each)
+        self.length: int | None = None  # the backbone's padded length
 
     def __len__(self) -> int:
-        return len(self.index)
+        return len(self.rows)
+
+    def _encode(self, captions: list[str]) -> dict[str, _Row]:
+        with torch.no_grad():
+            enc = self.gen.encode_text(captions).to("cpu")
+        self.length = enc.mask.shape[1]
+        out = {}
+        for k, c in enumerate(captions):
+            where = enc.mask[k].nonzero().flatten().tolist() or [0]
+            lo, hi = where[0], where[-1] + 1
+            out[c] = _Row(enc.hidden[k, :, lo:hi].clone(), lo, hi)
+        self.encoded += len(captions)
+        return out
+
+    def _keep(self, fresh: dict[str, _Row]) -> None:
+        for c, row in fresh.items():
+            if row.nbytes <= self.capacity:
+                self.rows[c] = row
+                self.held += row.nbytes
+        while self.held > self.capacity:
+            _, old = self.rows.popitem(last=False)
+            self.held -= old.nbytes
 
     def batch(self, captions: Sequence[str], device: torch.device | str = "cpu"):
-        idx = torch.tensor([self.index[c] for c in captions], dtype=torch.long)
-        return self.text[idx].to(device)
+        from model.text_encoder import TextBatch
+
+        if not captions:  # a rank with no rows of this batch (training.core.data: a small last batch)
+            return self.gen.null_text(1)[0:0].to(device)
+        missing = sorted({c for c in captions if c not in self.rows})
+        fresh = self._encode(missing) if missing else {}
+        rows = []
+        for c in captions:
+            row = fresh.get(c)
+            if row is None:
+                row = self.rows[c]
+                self.rows.move_to_end(c)
+            rows.append(row)
+        self._keep(fresh)
+        n_layers, dim = rows[0].hidden.shape[0], rows[0].hidden.shape[2]
+        hidden = torch.zeros(len(rows), n_layers, self.length, dim, dtype=rows[0].hidden.dtype)
+        mask = torch.zeros(len(rows), self.length, dtype=torch.bool)
+        for k, row in enumerate(rows):
+            hidden[k, :, row.lo : row.hi] = row.hidden
+            mask[k, row.lo : row.hi] = True
+        return TextBatch(hidden, mask).to(device)

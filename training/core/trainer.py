@@ -75,6 +75,8 @@ class StepBatch:
     text: Any
     null_text: Any
     images: torch.Tensor | None = None
+    rows: slice | None = None  # set: the tensors are only these rows of a global batch of `size` (a streaming rank's)
+    size: int = 0
 
 
 def train_step(
@@ -99,11 +101,13 @@ def train_step(
         learner.repa_opt,
     )
     x0, text, null_text, images = batch.x0, batch.text, batch.null_text, batch.images
-    b = x0.shape[0]
+    local = batch.rows is not None  # the tensors hold this rank's rows only; the draws still cover the global batch
+    b = batch.size if local else x0.shape[0]
+    take, mine = (slice(None), batch.rows) if local else (rows, rows)  # rows of the tensors, rows of the draws
     device = runtime.device
     t = sample_timesteps(b, rng, cfg.timestep_mean, cfg.timestep_std, shift, device)
-    eps = torch.randn(x0.shape, generator=rng).to(device)
-    text = drop_captions(text, null_text, cfg.caption_dropout, rng)
+    eps = torch.randn((b, *x0.shape[1:]), generator=rng).to(device)
+    text = drop_captions(text, null_text, cfg.caption_dropout, rng, b, mine if local else slice(None))
     route = None
     if cfg.route.frac > 0:  # drawn last: with routing off every other draw is what it always was
         from model.routing import TokenRoute
@@ -114,14 +118,13 @@ def train_step(
     for o in (opt, repa_opt):
         for group in o.param_groups if o is not None else ():
             group["lr"] = lr
-    x0_local = x0[rows]
     with runtime.autocast():
-        per_sample = flow_loss(gen, x0_local, eps[rows], t[rows], text[rows], route)
+        per_sample = flow_loss(gen, x0[take], eps[mine], t[mine], text[take], route)
         loss_sum = per_sample.sum()
         objective = loss_sum * (dp_size / b)
         repa_sum = torch.zeros(())
         if repa is not None:
-            term = repa.loss(images[rows], tuple(x0.shape[-2:]))
+            term = repa.loss(images[take], tuple(x0.shape[-2:]))
             repa_sum = term.detach() * per_sample.shape[0]
             objective = objective + repa.cfg.weight * term * (per_sample.shape[0] * dp_size / b)
     opt.zero_grad(set_to_none=True)
@@ -158,7 +161,7 @@ def _load_init_weights(gen, init_from: str | None) -> None:
 DATA_RECORD = "train_data.json"
 
 
-def data_record(data_dir: Path, data, cfg: KilnConfig, steps: int, version: str | None = None) -> dict:
+def data_record(data_dir: Path | str, data, cfg: KilnConfig, steps: int, version: str | None = None) -> dict:
     """What a checkpoint was trained on: the train set's version (the sha256 the evaluation records too),
     the mix, the caption form probabilities and how often each form was drawn over the `steps` steps,
     and the sampling weights' spread. Deterministic, like everything else in the checkpoint folder."""
@@ -173,11 +176,12 @@ def data_record(data_dir: Path, data, cfg: KilnConfig, steps: int, version: str 
         "rows": data.num_rows,
         "weighted": data.weighted,
         "sampling_weight": data.weight_summary(),
+        "skipped_shards": data.skipped,
     }
 
 
 def write_data_record(
-    out_dir: Path, data_dir: Path, data, cfg: KilnConfig, steps: int, version: str | None = None
+    out_dir: Path, data_dir: Path | str, data, cfg: KilnConfig, steps: int, version: str | None = None
 ) -> None:
     (Path(out_dir) / DATA_RECORD).write_text(
         json.dumps(data_record(data_dir, data, cfg, steps, version), indent=2, sort_keys=True) + "\n"
@@ -185,7 +189,7 @@ def write_data_record(
 
 
 def train(
-    data_dir: Path,
+    data_dir: Path | str,
     out_dir: Path,
     cfg: KilnConfig,
     resume: bool = False,
@@ -205,9 +209,9 @@ def train(
 
     from model.autoencoder import from_uint8_nhwc
     from training.core.checkpoint import write_export_manifest
-    from training.core.data import DataPosition, TrainSet, dataset_version, next_position, write_heldout
+    from training.core.data import DataPosition, TrainSet, bucket_size, dataset_version, write_heldout
     from training.core.dcp import Checkpointer, LoadPolicy, RunState
-    from training.core.distributed import build_ranks, export_checkpoint, init_distributed, local_rows
+    from training.core.distributed import build_ranks, export_checkpoint, init_distributed
     from training.core.gpu_settings import attention_context, check_gpu_settings
     from training.core.gpu_telemetry import GpuMonitor, peak_tflops
     from training.core.loader import Prefetcher, latent_encoder, loader_workers
@@ -230,24 +234,20 @@ def train(
     try:
         mesh, ranks = build_ranks(tc.parallel.tp, device.type)
         prepare_output(out_dir, resume, overwrite, ranks.rank)
-        version = dataset_version(Path(data_dir))
+        version = dataset_version(data_dir)
         data = TrainSet.from_dir(
-            Path(data_dir), tc.batch_size, tc.holdout, cfg.data.rewrite.form_probs, init_from=tc.init_from
+            data_dir, tc.batch_size, tc.holdout, cfg.data.rewrite.form_probs, tc.init_from, tc.bad_shard
         )  # a ladder rung holds out what its start held out
         if ranks.rank == 0:
             out_dir.mkdir(parents=True, exist_ok=True)
             write_heldout(out_dir, data.held_out)
         gen = init_generator(cfg.model, tc.seed, device)
         _load_init_weights(gen, tc.init_from)
-        cache = TextCache.build(
-            gen, data.captions()
-        )  # every drawable caption form; before sharding: the frozen backbone is not trained
+        cache = TextCache(gen, tc.text_cache_mb)  # the frozen backbone encodes each step's captions
         null_one = gen.null_text(1)
         flops_per_sample = {
-            b.bucket: gen.flops_per_sample(
-                b.pixels.shape[1] // gen.autoencoder.downsample, b.pixels.shape[2] // gen.autoencoder.downsample
-            )
-            for b in data.batches
+            b: gen.flops_per_sample(*(side // gen.autoencoder.downsample for side in bucket_size(b)))
+            for b in data.buckets
         }
         repa = build_repa(gen, tc.repa, tc.parallel, device) if tc.repa.teacher_path else None
         parallelize(gen, mesh, tc.parallel, device.type)
@@ -269,10 +269,9 @@ def train(
         run = (ckpt.load_latest(gen, opt) if resume else None) or RunState(0, DataPosition())
         if ranks.rank == 0:
             log.info(
-                "train: %d rows in %d batches, %d captions, %.2fM params, %d ranks (dp_shard %d x tp %d), %s, steps %d..%d",
+                "train: %d rows in %d shards, %.2fM params, %d ranks (dp_shard %d x tp %d), %s, steps %d..%d",
                 data.num_rows,
-                len(data),
-                len(cache),
+                len(data.manifest.shards),
                 gen.num_params() / 1e6,
                 ranks.world,
                 ranks.dp_size,
@@ -293,11 +292,10 @@ def train(
         end = min(tc.steps, stop_at if stop_at is not None else tc.steps)
         step, position, loss_ema, last = run.step, run.position, run.loss_ema, run.last_loss
         skipped = 0  # non-finite steps skipped so far in this process
-        stream = data.stream(tc.seed, run.position)
+        work = data.work(tc.seed, run.position, ranks.dp_rank, ranks.dp_size)  # this rank's rows of each batch
         learner = Learner(gen, opt, tc, runtime, ranks.dp_size, repa, repa_opt)
-        with Prefetcher(
-            stream, latent_encoder(gen, cfg.model.latent_cache_dir), loader_workers(tc.loader_workers, device.type)
-        ) as loader:
+        encode = latent_encoder(gen, cfg.model.latent_cache_dir, pin=device.type == "cuda")
+        with Prefetcher(work, lambda w: encode(data.read(w)), loader_workers(tc.loader_workers, device.type)) as loader:
             steps = range(step, end)
             for step in progress(
                 steps, desc="train", total=len(steps), unit="step"
@@ -305,7 +303,7 @@ def train(
                 started = time.perf_counter()
                 item = next(loader)
                 batch = item.batch
-                x0 = item.x0.to(device)
+                x0 = item.x0.to(device, non_blocking=True)
                 text = cache.batch(batch.captions, device)
                 null = type(null_one)(
                     null_one.hidden.expand(batch.size, -1, -1, -1), null_one.mask.expand(batch.size, -1)
@@ -313,17 +311,15 @@ def train(
                 tokens = num_image_tokens(x0.shape[-2], x0.shape[-1], cfg.model.patch_size)
                 lr = wsd_lr(step, tc.steps, tc.lr, tc.warmup_steps, tc.decay_frac, tc.min_lr_ratio)
                 shift = timestep_shift(tokens, tc.timestep_shift, tc.timestep_max_shift)
-                rows = local_rows(batch.size, ranks.dp_rank, ranks.dp_size)
                 on = repa is not None and repa_active(tc.repa, step)
                 images = from_uint8_nhwc(batch.pixels, device) if on else None
                 with attention_context(tc.parallel.attention):
                     result = train_step(
                         learner if on else learner.without_repa(),
-                        StepBatch(x0, text, null, images),
+                        StepBatch(x0, text, null, images, batch.rows, batch.total),
                         step_generator(tc.seed, step),
                         lr,
                         shift,
-                        rows,
                     )
                 if ema is not None and not result.skipped:
                     ema.update(gen)
@@ -333,7 +329,7 @@ def train(
                 if not result.skipped:
                     last = result.loss
                     loss_ema = last if loss_ema is None else 0.98 * loss_ema + 0.02 * last
-                position = next_position(batch.position, data.epoch_length(batch.position.epoch, tc.seed))
+                position = batch.after
                 done = step + 1
                 if telemetry is not None:
                     counters = gpu.sample().to_dict() if gpu is not None and done % tel.gpu_every == 0 else {}
@@ -344,10 +340,10 @@ def train(
                             result.loss,
                             result.grad_norm,
                             lr,
-                            batch.size,
-                            batch.size * tokens,
+                            batch.total,
+                            batch.total * tokens,
                             time.perf_counter() - started,
-                            flops_per_sample[batch.bucket] * batch.size,
+                            flops_per_sample[batch.bucket] * batch.total,
                             ranks.world,
                             peak,
                             result.repa_loss,
@@ -397,7 +393,7 @@ def train(
                 from training.core.pma import export_pma
 
                 export_pma(out_dir, tc.pma_k, tc.dcp.trust_unsigned)
-            write_data_record(out_dir, Path(data_dir), data, cfg, final.step, version)
+            write_data_record(out_dir, data_dir, data, cfg, final.step, version)
             write_export_manifest(out_dir)  # last: the folder is complete when its checksums are
         if telemetry is not None:
             summary = telemetry.finish()

@@ -29,7 +29,7 @@ import torch
 from kiln.config import KilnConfig
 from kiln.progress import log
 from training.core.checkpoint import read_train_state
-from training.core.data import decode_pixels, holdout_ids, read_heldout, read_train_table
+from training.core.data import decode_pixels, holdout_ids, read_heldout, read_train_rows, train_ids
 from training.core.objective import flow_loss
 from training.core.plots import sample_grid
 from training.evaluation.protocol import evaluate_distribution, record
@@ -52,19 +52,16 @@ def heldout_rows(data_dir: Path, n: int, checkpoint: Path | None = None) -> tupl
     """The rows the checkpoint's run held out (its heldout.json: inherited down a ladder, so `data_dir` may be
     an earlier rung's train set), else the trainer's rule with the same n; when nothing was held out, the
     same-rule rows of the training set, flagged as not held out."""
-    table = read_train_table(Path(data_dir))
-    ids = table.column("id").to_pylist()
     recorded = read_heldout(checkpoint)
     if recorded:
-        chosen, held = recorded & set(ids), True
+        chosen, held = {i for i in train_ids(data_dir) if i in recorded}, True
     else:
-        chosen, held = holdout_ids(ids, n if n > 0 else min(32, len(ids))), n > 0
+        chosen, held = holdout_ids(train_ids(data_dir), n if n > 0 else 32), n > 0
     if not chosen:
         raise ValueError(
             f"none of the rows {checkpoint} held out are in {data_dir}: evaluate on the first ladder rung's train set"
         )
-    rows = table.filter(pc.is_in(table.column("id"), pa.array(sorted(chosen))))
-    return rows.sort_by("id"), held
+    return read_train_rows(data_dir, chosen).sort_by("id"), held
 
 
 @torch.no_grad()

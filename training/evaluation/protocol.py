@@ -22,10 +22,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from kiln.config import KilnConfig, MetricsConfig
-from training.core.data import dataset_version, decode_pixels, holdout_ids, read_train_table
+from training.core.data import dataset_version, decode_pixels, holdout_ids, read_train_rows, train_index
 from training.evaluation.extractors import FeatureExtractor, load_extractor
 from training.evaluation.metrics import cmmd, dino_mmd, fid
 
@@ -77,17 +76,29 @@ def digest(texts: list[str]) -> str:
     return hashlib.sha256("\n".join(texts).encode()).hexdigest()
 
 
-def reference_rows(table: pa.Table, n: int, height: int, width: int) -> pa.Table:
-    """Up to `n` rows of the (height x width) bucket, smallest sha1(id) first, sorted by that rank."""
-    part = table.filter(pc.equal(table.column("bucket"), f"{height}x{width}"))
-    chosen = holdout_ids(part.column("id").to_pylist(), n)
-    rows = part.filter(pc.is_in(part.column("id"), pa.array(sorted(chosen))))
+def reference_ids(data_dir: Path | str, n: int, height: int, width: int) -> set[str]:
+    """Up to `n` rows of the (height x width) bucket, smallest sha1(id) first (streamed over the shards' indexes)."""
+    bucket = f"{height}x{width}"
+    in_bucket = (
+        i
+        for _, index in train_index(data_dir, ("id", "bucket"))
+        for i, b in zip(index["id"], index["bucket"])
+        if b == bucket
+    )
+    return holdout_ids(in_bucket, n)
+
+
+def reference_rows(data_dir: Path | str, n: int, height: int, width: int) -> pa.Table:
+    """The rows of `reference_ids`, their images decoded, sorted by sha1(id)."""
+    rows = read_train_rows(data_dir, reference_ids(data_dir, n, height, width))
+    if rows.num_rows == 0:
+        return rows
     rank = [hashlib.sha1(i.encode()).hexdigest() for i in rows.column("id").to_pylist()]
     return rows.take(np.argsort(rank, kind="stable"))
 
 
 def reference_images(data_dir: Path, n: int, height: int, width: int) -> np.ndarray:
-    rows = reference_rows(read_train_table(Path(data_dir)), n, height, width)
+    rows = reference_rows(data_dir, n, height, width)
     if rows.num_rows < 2:
         raise ValueError(f"{data_dir}: fewer than 2 rows in bucket {height}x{width}; no reference set")
     return decode_pixels(rows)

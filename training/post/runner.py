@@ -85,7 +85,7 @@ class PostRun:
 
     def rows(self, n: int, what: str) -> slice:
         """This rank's contiguous share of `n` global items (`what` names them in the error when too few)."""
-        from training.core.distributed import local_rows
+        from training.core.data import local_rows
 
         if n < self.ranks.dp_size:
             raise ValueError(

@@ -1,0 +1,48 @@
+"""Caption embeddings at the step: encoded when not held, kept up to a byte budget, and the same rows for the
+model whether they were just encoded or held (the DiT never sees the padding), so a resumed run, whose cache
+starts empty, trains bit for bit as the uninterrupted one."""
+
+import torch
+
+from model.testing import micro_model_config
+from training.core.text_cache import TextCache
+from training.core.trainer import init_generator
+
+CAPTIONS = [f"a {c} {s} on the {p}" for c in ("red", "blue") for s in ("circle", "square") for p in ("left", "top")]
+
+
+def test_held_and_fresh_rows_give_the_model_the_same_input(text_encoder_dir):
+    gen = init_generator(micro_model_config(text_encoder_dir), 0).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():  # off its zero-initialised gates, so the text reaches the output
+        for p in gen.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    cache = TextCache(gen, capacity_mb=10)
+    first = cache.batch(CAPTIONS[:5])
+    again = cache.batch(CAPTIONS[:5])  # every row held now
+    assert cache.encoded == 5 and torch.equal(first.hidden, again.hidden) and torch.equal(first.mask, again.mask)
+    direct = gen.encode_text(CAPTIONS[:5])
+    assert torch.equal(first.mask, direct.mask)
+    tokens = first.mask[:, None, :, None].expand_as(first.hidden)
+    assert torch.equal(first.hidden[tokens], direct.hidden[tokens])  # the caption's tokens exactly as encoded
+    x, t = torch.randn(5, 3, 32, 32, generator=torch.Generator().manual_seed(0)), torch.linspace(0.1, 0.9, 5)
+    with torch.no_grad():
+        v = gen(x, t, first)
+        assert torch.equal(v, gen(x, t, direct))  # zero padding: the same velocities, bit for bit
+        other = cache.batch([" ".join(["shape"] * k) for k in range(1, 6)])  # other lengths: the tiny vocabulary
+        assert not torch.equal(v, gen(x, t, other))  # the text does reach them
+
+
+def test_the_cache_holds_at_most_its_budget_and_drops_the_least_recently_used(text_encoder_dir):
+    gen = init_generator(micro_model_config(text_encoder_dir), 0)
+    one = TextCache(gen, capacity_mb=1)
+    one.batch(CAPTIONS[:1])
+    row_bytes = one.held
+    cache = TextCache(gen, capacity_mb=3.5 * row_bytes / 1e6)  # room for three rows
+    cache.batch(CAPTIONS[:3])
+    cache.batch(CAPTIONS[:1])  # the first is the most recent now
+    cache.batch(CAPTIONS[3:4])
+    assert list(cache.rows) == [CAPTIONS[2], CAPTIONS[0], CAPTIONS[3]] and cache.held <= cache.capacity
+    assert cache.encoded == 4
+    empty = TextCache(gen, capacity_mb=0)
+    assert len(empty.batch(CAPTIONS[:2])) == 2 and len(empty) == 0  # nothing held: every step encodes
