@@ -151,12 +151,12 @@ def validate_dataset(folder: Path, dataset: str, cfg: KilnConfig) -> SuiteResult
     from kiln.stage import read_dataset
 
     folder = Path(folder)
-    if is_train_set(folder):  # the pack stage's shards: their metadata, without the images
-        table = metadata_table(folder).select(schemas.TRAIN_META.names).cast(schemas.TRAIN_META)
-        return validate_table(table, dataset, cfg).with_outcomes(check_against_previous(folder, table))
     if folder.is_file():
         return validate_table(pq.read_table(folder), dataset, cfg)
-    if not (folder / "kept").is_dir():
+    if is_train_set(folder):  # the pack stage's shards: their metadata, without the images
+        table = metadata_table(folder).select(schemas.TRAIN_META.names).cast(schemas.TRAIN_META)
+    elif (folder / "kept").is_dir():
+        table = read_dataset(folder / "kept")
+    else:
         return validate_table(read_dataset(folder), dataset, cfg)
-    table = read_dataset(folder / "kept")
     return validate_table(table, dataset, cfg).with_outcomes(check_against_previous(folder, table))

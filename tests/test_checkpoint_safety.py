@@ -16,14 +16,12 @@ import json
 import logging
 import os
 import pickle
-import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from fresh import run_until_killed
 from safetensors.torch import load_file, save_file
 
 from training.core.dcp import ResumeMismatch, complete_checkpoints, latest_checkpoint, manifest_name, step_dir
@@ -166,14 +164,7 @@ KILLER = textwrap.dedent(
 @pytest.mark.slow  # 55 steps in a subprocess
 def test_a_run_killed_at_step_25_with_async_saves_every_10_resumes_from_step_20(tmp_path, data, text_encoder_dir):
     out = tmp_path / "run"
-    child = subprocess.run(
-        [sys.executable, "-c", KILLER, str(data), str(out), str(text_encoder_dir)],
-        cwd=Path(__file__).parents[1],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
+    run_until_killed(KILLER, str(data), str(out), str(text_encoder_dir))
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, 26))
     assert latest_checkpoint(out).name == "step-000020"  # not step 10: the save was marked when written
 

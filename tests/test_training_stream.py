@@ -7,14 +7,12 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from fresh import run_until_killed
 from safetensors.torch import load_file
 
 from training.core.data import DataPosition, TrainSet
@@ -139,14 +137,7 @@ def test_a_run_streaming_from_s3_killed_mid_epoch_resumes_bit_identical(
     from training.core.trainer import train
 
     out = tmp_path / "run"
-    child = subprocess.run(
-        [sys.executable, "-c", KILLER, on_s3, str(out), str(text_encoder_dir)],
-        cwd=Path(__file__).parents[1],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
+    run_until_killed(KILLER, on_s3, str(out), str(text_encoder_dir))
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, 7))
     train(on_s3, out, _cfg(text_encoder_dir), resume=True)
     a, b = load_file(str(out / "model.safetensors")), load_file(str(uninterrupted / "model.safetensors"))

@@ -30,7 +30,7 @@ import pyarrow as pa
 from kiln.config import ConfigError
 from kiln.progress import log
 from kiln.sampling import check_form_probs, copies_in_epoch, pick_form
-from kiln.trainshards import Manifest, Shard, ShardError, decode_image, manifest_version, read_manifest
+from kiln.trainshards import META_COLUMNS, Manifest, Shard, ShardError, decode_image, manifest_version, read_manifest
 
 
 @dataclass(frozen=True)
@@ -96,10 +96,19 @@ class Work:
 def holdout_ids(ids: Iterable[str], n: int) -> set[str]:
     """The `n` rows held out of training for evaluation: the smallest sha1(id), so the choice depends only on
     which rows exist, not on their order or on the pack seed. Streams: memory O(n), not O(rows)."""
-    if n <= 0:
-        return set()
-    ranked = heapq.nsmallest(n, {hashlib.sha1(i.encode()).hexdigest(): i for i in ids}.items())
-    return {i for _, i in ranked}
+    heap: list[tuple[int, str]] = []  # (-rank, id) of the n smallest ranks so far: the largest on top
+    kept: set[str] = set()
+    for i in ids:
+        if n <= 0 or i in kept:
+            continue
+        rank = int(hashlib.sha1(i.encode()).hexdigest(), 16)
+        if len(heap) < n:
+            heapq.heappush(heap, (-rank, i))
+            kept.add(i)
+        elif rank < -heap[0][0]:
+            kept.discard(heapq.heapreplace(heap, (-rank, i))[1])
+            kept.add(i)
+    return kept
 
 
 HELDOUT_FILE = "heldout.json"  # in a checkpoint folder: the ids its run held out, inherited by runs started from it
@@ -146,10 +155,7 @@ def read_train_rows(data_dir: Path | str, ids: set[str]) -> pa.Table:
         rows = [r for r, i in enumerate(shard.column("id")) if i in ids]
         for meta, image in shard.read(rows) if rows else []:
             pixels = decode_image(image)
-            out.append(
-                {k: meta[k] for k in ("id", "caption", "caption_forms", "sampling_weight", "bucket", "height", "width")}
-                | {"pixels": pixels.tobytes()}
-            )
+            out.append({k: meta[k] for k in META_COLUMNS} | {"pixels": pixels.tobytes()})
     return pa.Table.from_pylist(out)
 
 
@@ -174,7 +180,6 @@ class _Census:
     """One pass over every shard's index: what a run must know before step 1, in memory O(held out)."""
 
     rows: int = 0
-    held: int = 0  # of this set's rows, held out
     weight_min: float = float("inf")
     weight_max: float = float("-inf")
     weight_sum: float = 0.0
@@ -247,7 +252,6 @@ class TrainSet:
                 continue
             for i, w, b in zip(shard.column("id"), shard.column("sampling_weight"), shard.column("bucket")):
                 if i in self.held_out:
-                    c.held += 1
                     continue
                 if not (w >= 0 and np.isfinite(w)):
                     raise ValueError(f"{info.tar}: sampling weights must be finite and >= 0, row {i} has {w}")
