@@ -9,6 +9,9 @@ The order is fixed here, not in the data loader: rows are shuffled with `cfg.dat
 into batches per bucket (a bucket's last batch may be smaller: nothing is dropped), and the batches
 shuffled again so buckets interleave. Reading the rows in `order` replays exactly that stream.
 
+With `data.pack.latents`, each row also carries the model autoencoder's latent of its fitted image
+(assets.pack_latents: the autoencoder is checked on the held-out rows first).
+
 Each row carries what training samples from: every caption form (`caption_forms`, the loader draws one
 per sample and epoch) and its concept-coverage `sampling_weight` (`data.pack.weights_file`). The
 weights have mean 1 over the pool, so a row the file does not name gets 1, the neutral weight, as in
@@ -26,14 +29,15 @@ import pyarrow as pa
 import pyarrow.compute as pac
 from PIL import Image
 
+from assets.pack_latents import autoencoder_of, check_autoencoder, encode, latent_info
 from kiln.config import KilnConfig
 from kiln.imageio import open_rgb
-from kiln.progress import log
+from kiln.progress import log, progress
 from kiln.reasons import Reason
 from kiln.sampling import FORMS, dump_forms
 from kiln.schemas import REWRITTEN, TRAIN
 from kiln.stage import Rejects, Stage, StageOutput
-from kiln.trainshards import encode_image, train_samples, write_train_set
+from kiln.trainshards import encode_image, encode_latent, holdout_ids, train_samples, write_train_set
 from kiln.uri import read_bytes
 
 SIDE_STEP = 8
@@ -158,26 +162,71 @@ def caption_forms(table: pa.Table) -> list[str]:
     return [dump_forms({f: columns[f][i] for f in FORMS}) for i in range(table.num_rows)]
 
 
+def fitted_pixels(uri: str, cfg: KilnConfig, buckets: list[Bucket]) -> tuple[Bucket, np.ndarray, tuple[int, int]]:
+    """The image at `uri` fitted to its nearest bucket: (bucket, uint8 HxWx3, crop's top-left)."""
+    im = open_rgb(read_bytes(uri), max_pixels=cfg.data.filters.max_pixels)
+    bucket = nearest_bucket(im.width, im.height, buckets)
+    fitted, crop = fit_with_crop(im, bucket)
+    return bucket, np.asarray(fitted, dtype=np.uint8), crop
+
+
+def check_latents_first(table: pa.Table, cfg: KilnConfig, buckets: list[Bucket], in_mix: set[str] | None) -> None:
+    """data.pack.latents: the autoencoder's PSNR on the held-out rows, before any row is encoded."""
+    ids, uris = table.column("id").to_pylist(), table.column("uri").to_pylist()
+    held = holdout_ids((i for i in ids if in_mix is None or i in in_mix), cfg.data.pack.psnr_rows)
+    images = []
+    for id_, uri in zip(ids, uris):
+        if id_ in held:
+            try:
+                images.append(fitted_pixels(uri, cfg, buckets)[1])
+            except Exception:  # the main pass records it as this row's reject reason
+                continue
+    if images:
+        check_autoencoder(cfg, images)
+
+
 def pack_rows(table: pa.Table, cfg: KilnConfig, stage: str = "pack") -> StageOutput:
     pc = cfg.data.pack
     buckets = buckets_for(pc.aspect_buckets, pc.resolution)
     table = table.take(pac.sort_indices(table, [("id", "ascending")]))  # input order must not matter
     rejects = Rejects(stage)
     in_mix = mix_ids(pc.mix_file)
+    if pc.latents:
+        check_latents_first(table, cfg, buckets, in_mix)
     packed: list[tuple[int, Bucket, bytes, tuple[int, int]]] = []  # (row index, bucket, encoded image, crop)
-    for i, (id_, uri) in enumerate(zip(table.column("id").to_pylist(), table.column("uri").to_pylist())):
+    latents: dict[int, bytes] = {}  # packed index -> .npy (data.pack.latents)
+    pending: list[tuple[int, np.ndarray]] = []  # (packed index, fitted pixels) awaiting the autoencoder
+    flush_at = pc.encode_batch * len(buckets)
+
+    def flush() -> None:
+        for (k, _), z in zip(pending, encode(autoencoder_of(cfg), [p for _, p in pending], pc.encode_batch)):
+            latents[k] = encode_latent(z, pc.latent_dtype)
+        pending.clear()
+
+    for i, (id_, uri) in enumerate(
+        progress(
+            zip(table.column("id").to_pylist(), table.column("uri").to_pylist()),
+            desc="pack",
+            total=table.num_rows,
+            unit="img",
+        )
+    ):
         if in_mix is not None and id_ not in in_mix:
             rejects.add(id_, uri, Reason.NOT_IN_MIX, None, str(pc.mix_file))
             continue
         try:
-            im = open_rgb(read_bytes(uri), max_pixels=cfg.data.filters.max_pixels)
-            bucket = nearest_bucket(im.width, im.height, buckets)
-            fitted, crop = fit_with_crop(im, bucket)
-            image = encode_image(np.asarray(fitted, dtype=np.uint8), pc.image_format, pc.jpeg_quality)
+            bucket, pixels, crop = fitted_pixels(uri, cfg, buckets)
+            image = encode_image(pixels, pc.image_format, pc.jpeg_quality)
         except Exception as e:  # any failure to turn the file into pixels is this row's reject reason
             rejects.add(id_, uri, Reason.PACK_ERROR, None, f"{type(e).__name__}: {e}")
             continue
+        if pc.latents:
+            pending.append((len(packed), pixels))
+            if len(pending) >= flush_at:
+                flush()
         packed.append((i, bucket, image, crop))
+    if pending:
+        flush()
 
     plan = batch_plan([b.name for _, b, _, _ in packed], pc.batch_size, pc.seed)
     ids, captions, forms = table.column("id").to_pylist(), table.column("caption").to_pylist(), caption_forms(table)
@@ -193,6 +242,7 @@ def pack_rows(table: pa.Table, cfg: KilnConfig, stage: str = "pack") -> StageOut
                 "height": bucket.height,
                 "width": bucket.width,
                 "image": image,
+                "latent": latents.get(k),
                 "crop_left": crop[0],
                 "crop_top": crop[1],
                 "batch": batch,
@@ -209,7 +259,12 @@ def pack_stage(table: pa.Table, cfg: KilnConfig) -> StageOutput:
 def write_pack(kept: pa.Table, out: Path, cfg: KilnConfig) -> None:
     """The kept rows, in stream order, as the train set's shards and manifest (kiln.trainshards)."""
     pc = cfg.data.pack
-    write_train_set(train_samples(kept), out, pc.image_format, int(pc.shard_mb * 1e6))
+    info = None
+    if pc.latents:
+        held = holdout_ids(kept.column("id").to_pylist(), pc.psnr_rows)
+        rows = kept.filter(pac.is_in(kept.column("id"), pa.array(sorted(held), pa.string())))
+        info = latent_info(cfg, list(zip(rows.column("image").to_pylist(), rows.column("latent").to_pylist())))
+    write_train_set(train_samples(kept), out, pc.image_format, int(pc.shard_mb * 1e6), info)
 
 
 STAGE = Stage("pack", pack_stage, input_schema=REWRITTEN, output_schema=TRAIN, scope="global", write_kept=write_pack)

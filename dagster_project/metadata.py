@@ -83,7 +83,7 @@ def stage_metadata(summary: Summary, output: Path, n_samples: int = 16) -> dict:
 
 
 def train_set_metadata(output: Path) -> dict:
-    """A train set's shape: its shards (how many, how large), rows per bucket, the codec, its version."""
+    """A train set's shape: its shards (how many, how large), rows per bucket, the codec, its latents."""
     manifest = read_manifest(output)
     return {
         "shards": len(manifest.shards),
@@ -91,7 +91,15 @@ def train_set_metadata(output: Path) -> dict:
         "rows_by_bucket": dg.MetadataValue.json(manifest.buckets),
         "image_format": manifest.image_format,
         "weighted": manifest.weighted,
-    }
+    } | (
+        {  # a latent train set: whose latents, and how well that autoencoder reconstructs the held-out rows
+            "latents": manifest.latents.autoencoder,
+            "latent_psnr_db": manifest.latents.psnr_db,
+            "latent_min_psnr_db": manifest.latents.min_psnr_db,
+        }
+        if manifest.latents
+        else {}
+    )
 
 
 def dedup_groups_grid(output: Path, n_groups: int = 6, per_group: int = 4) -> str | None:

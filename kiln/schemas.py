@@ -209,6 +209,7 @@ class TrainRow(BaseModel):
     height: I32
     width: I32
     image: bytes  # encoded (data.pack.image_format)
+    latent: bytes | None  # the image's autoencoder latent as .npy (data.pack.latents), else null
     crop_left: I32  # where the bucket was cut from the resized image
     crop_top: I32
     batch: I32  # every row of a batch shares one bucket
@@ -239,7 +240,9 @@ CONCEPT_COUNTS = arrow_schema(ConceptCountRow)
 CONCEPT_WEIGHTS = arrow_schema(ConceptWeightRow)
 MIX = arrow_schema(MixRow)
 TRAIN = arrow_schema(TrainRow)
-TRAIN_META = pa.schema([f for f in TRAIN if f.name != "image"])  # a train set's rows as its shards' metadata holds them
+TRAIN_META = pa.schema(
+    [f for f in TRAIN if f.name not in ("image", "latent")]
+)  # a train set's rows as its shards' metadata holds them
 REJECTED = arrow_schema(RejectRow)
 
 

@@ -1,7 +1,8 @@
 """The train set on disk: WebDataset tar shards, an index beside each, and one manifest.
 
     OUT/trainset.json                     the manifest: format, image codec, rows, buckets, every shard's size and sha256
-    OUT/shards/shard-000000.tar           WebDataset samples `<order>.png` (or .webp / .jpg) + `<order>.json`
+    OUT/shards/shard-000000.tar           WebDataset samples `<key>.png` (or .webp / .jpg) + `<key>.json`
+                                          (+ `<key>.npy`, the autoencoder's latent, in a latent train set)
     OUT/shards/shard-000000.index.parquet one row per sample: id, bucket, weight, packed batch, member offsets and CRCs
 
 Any WebDataset reader streams the tars as they are (`webdataset.WebDataset(urls)`). The trainer reads them by
@@ -16,6 +17,7 @@ The bytes depend only on the rows and the settings (tar mtime 0, fixed owner and
 from __future__ import annotations
 
 import hashlib
+import heapq
 import io
 import json
 import zlib
@@ -29,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kiln.errors import MissingInput
+from kiln.outputs import sha256_file
 from kiln.uri import is_local, local_path, object_size, read_bytes, read_range, tar_index
 
 FORMAT = "kiln-trainset/1"
@@ -49,8 +52,13 @@ INDEX = pa.schema(
         ("meta_offset", pa.int64()),
         ("meta_size", pa.int64()),
         ("meta_crc", pa.uint32()),
+        ("latent_offset", pa.int64()),  # null without latents
+        ("latent_size", pa.int64()),
+        ("latent_crc", pa.uint32()),
     ]
 )
+Member = Literal["image", "latent"]
+LatentDtype = Literal["float16", "float32"]
 MERGE_GAP = 64 << 10  # members closer than this are fetched in one read: one GET beats two round trips
 
 
@@ -76,10 +84,12 @@ class Sample:
     image: bytes  # encoded in the manifest's codec
     batch: int  # packed batch: all of one bucket, never split across shards
     crop: tuple[int, int] = (0, 0)  # left, top of the bucket's crop in the resized image
+    latent: bytes | None = None  # the image's autoencoder latent (encode_latent), in a latent train set
 
     def meta(self) -> bytes:
         d = asdict(self)
         d.pop("image")
+        d.pop("latent")
         d["crop"] = list(self.crop)
         return json.dumps(d, sort_keys=True, ensure_ascii=False).encode()
 
@@ -95,6 +105,20 @@ class ShardInfo:
 
 
 @dataclass(frozen=True)
+class LatentInfo:
+    """What a latent train set's latents are: whose (the autoencoder's identity, which the trainer's must
+    match), their layout, and how well that autoencoder reconstructed the held-out rows when they were written."""
+
+    autoencoder: str
+    channels: int
+    downsample: int
+    dtype: str
+    psnr_db: float  # mean PSNR of decode(encode(x)) over the psnr_rows held-out rows
+    psnr_rows: int
+    min_psnr_db: float  # the threshold it passed
+
+
+@dataclass(frozen=True)
 class Manifest:
     image_format: str
     rows: int
@@ -102,6 +126,7 @@ class Manifest:
     weighted: bool  # any sampling weight other than 1
     shards: list[ShardInfo] = field(default_factory=list)
     format: str = FORMAT
+    latents: LatentInfo | None = None  # a latent train set: every sample has a `.npy` member too
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"
@@ -112,6 +137,7 @@ class Manifest:
         if d.get("format") != FORMAT:
             raise ValueError(f"{where}: not a kiln train set of format {FORMAT} (format {d.get('format')!r})")
         d["shards"] = [ShardInfo(**s) for s in d["shards"]]
+        d["latents"] = LatentInfo(**d["latents"]) if d.get("latents") else None
         return cls(**d)
 
 
@@ -137,18 +163,41 @@ def decode_image(data: bytes) -> np.ndarray:
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as im:
-        return np.asarray(im.convert("RGB"), dtype=np.uint8)
+        return np.array(im.convert("RGB"), dtype=np.uint8)  # writable: torch.as_tensor warns on read-only arrays
+
+
+def encode_latent(latent: np.ndarray, dtype: LatentDtype) -> bytes:
+    """A [C, h, w] latent as .npy bytes in `dtype` (WebDataset's readers decode `.npy` members as numpy)."""
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(latent, dtype=np.dtype(dtype)), allow_pickle=False)
+    return buf.getvalue()
+
+
+def decode_latent(data: bytes) -> np.ndarray:
+    """.npy bytes -> float32 [C, h, w]."""
+    return np.load(io.BytesIO(data), allow_pickle=False).astype(np.float32)
+
+
+def holdout_ids(ids: Iterable[str], n: int) -> set[str]:
+    """The `n` rows a train set holds out: the smallest sha1(id), so the choice depends only on which rows
+    exist, not on their order or on the pack seed (evaluation's rows, and the pack stage's latent check).
+    Streams: memory O(n), not O(rows)."""
+    heap: list[tuple[int, str]] = []  # (-rank, id) of the n smallest ranks so far: the largest on top
+    kept: set[str] = set()
+    for i in ids:
+        if n <= 0 or i in kept:
+            continue
+        rank = int(hashlib.sha1(i.encode()).hexdigest(), 16)
+        if len(heap) < n:
+            heapq.heappush(heap, (-rank, i))
+            kept.add(i)
+        elif rank < -heap[0][0]:
+            kept.discard(heapq.heapreplace(heap, (-rank, i))[1])
+            kept.add(i)
+    return kept
 
 
 # -- writing ------------------------------------------------------------------------------------------------
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _write_shard(root: Path, n: int, samples: list[Sample], ext: str) -> ShardInfo:
@@ -158,9 +207,10 @@ def _write_shard(root: Path, n: int, samples: list[Sample], ext: str) -> ShardIn
     keys = [f"{s.batch:09d}-{k:06d}" for k, s in enumerate(samples)]  # no dots: WebDataset splits the key at the first
     with (root / tar).open("wb") as f, TarWriter(f, mtime=0, encoder=False, user="kiln", group="kiln") as w:
         for key, s in zip(keys, samples):
-            w.write({"__key__": key, ext: s.image, "json": s.meta()})
+            w.write({"__key__": key, ext: s.image, "json": s.meta()} | ({"npy": s.latent} if s.latent else {}))
     members = tar_index(str(root / tar))
     image, meta = [members[f"{k}.{ext}"] for k in keys], [members[f"{k}.json"] for k in keys]
+    latent = [members.get(f"{k}.npy") for k in keys]
     cols = {
         "key": keys,
         "id": [s.id for s in samples],
@@ -173,9 +223,13 @@ def _write_shard(root: Path, n: int, samples: list[Sample], ext: str) -> ShardIn
         "meta_offset": [e.offset for e in meta],
         "meta_size": [e.size for e in meta],
         "meta_crc": [zlib.crc32(s.meta()) for s in samples],
+        "latent_offset": [e.offset if e else None for e in latent],
+        "latent_size": [e.size if e else None for e in latent],
+        "latent_crc": [zlib.crc32(s.latent) if s.latent else None for s in samples],
     }
     pq.write_table(pa.table(cols, schema=INDEX), root / index, compression="zstd", write_statistics=False)
-    return ShardInfo(tar, index, len(samples), (root / tar).stat().st_size, _sha256(root / tar), _sha256(root / index))
+    size = (root / tar).stat().st_size
+    return ShardInfo(tar, index, len(samples), size, sha256_file(root / tar), sha256_file(root / index))
 
 
 def train_samples(table: pa.Table) -> Iterator[Sample]:
@@ -194,6 +248,7 @@ def train_samples(table: pa.Table) -> Iterator[Sample]:
                 r["image"],
                 r["batch"],
                 (r["crop_left"], r["crop_top"]),
+                r.get("latent"),
             )
 
 
@@ -208,9 +263,16 @@ def _by_batch(samples: Iterable[Sample]) -> Iterator[list[Sample]]:
         yield run
 
 
-def write_train_set(samples: Iterable[Sample], root: Path, image_format: ImageFormat, shard_bytes: int) -> Manifest:
+def write_train_set(
+    samples: Iterable[Sample],
+    root: Path,
+    image_format: ImageFormat,
+    shard_bytes: int,
+    latents: LatentInfo | None = None,
+) -> Manifest:
     """Write `samples` (in stream order, each packed batch contiguous) as shards of about `shard_bytes`, cut
-    only between batches, then the manifest; streams: one shard's samples in memory at a time."""
+    only between batches, then the manifest; streams: one shard's samples in memory at a time. With
+    `latents`, every sample must carry its latent."""
     root = Path(root)
     (root / SHARDS).mkdir(parents=True, exist_ok=True)
     ext = EXTENSION[image_format]
@@ -218,8 +280,12 @@ def write_train_set(samples: Iterable[Sample], root: Path, image_format: ImageFo
     buckets: dict[str, int] = {}
     weighted, pending, size = False, [], 0
     for batch in _by_batch(samples):
+        if latents is not None and any(s.latent is None for s in batch):
+            raise ValueError(
+                f"a latent train set, but sample {next(s.id for s in batch if s.latent is None)} has no latent"
+            )
         pending += batch
-        size += sum(len(s.image) + len(s.meta()) + 1536 for s in batch)  # two headers and padding per sample
+        size += sum(len(s.image) + len(s.latent or b"") + len(s.meta()) + 2048 for s in batch)  # headers, padding
         for s in batch:
             buckets[s.bucket] = buckets.get(s.bucket, 0) + 1
             weighted |= s.sampling_weight != 1.0
@@ -228,7 +294,9 @@ def write_train_set(samples: Iterable[Sample], root: Path, image_format: ImageFo
             pending, size = [], 0
     if pending:
         shards.append(_write_shard(root, len(shards), pending, ext))
-    manifest = Manifest(image_format, sum(buckets.values()), dict(sorted(buckets.items())), weighted, shards)
+    manifest = Manifest(
+        image_format, sum(buckets.values()), dict(sorted(buckets.items())), weighted, shards, latents=latents
+    )
     (root / MANIFEST).write_text(manifest.to_json())
     return manifest
 
@@ -268,16 +336,6 @@ def manifest_version(root: str | Path) -> str:
     return hashlib.sha256(_manifest_bytes(root)).hexdigest()
 
 
-@dataclass(frozen=True)
-class Row:
-    """What the reader needs of one sample to fetch it: where its two members lie and their CRCs."""
-
-    key: str
-    id: str
-    image: tuple[int, int, int]  # offset, size, crc
-    meta: tuple[int, int, int]
-
-
 class Shard:
     """One listed shard, opened: its index read and its size checked against the manifest (a missing or
     truncated shard fails here, on every rank alike); `read(rows)` fetches and checks members."""
@@ -302,7 +360,7 @@ class Shard:
         self.columns = {name: table.column(name).to_pylist() for name in INDEX.names}
         self._spans = {
             part: list(zip(*(self.columns[f"{part}_{c}"] for c in ("offset", "size", "crc")), strict=True))
-            for part in ("meta", "image")
+            for part in ("meta", "image", "latent")
         }
 
     @property
@@ -312,11 +370,14 @@ class Shard:
     def column(self, name: str) -> list:
         return self.columns[name]
 
-    def read(self, rows: Sequence[int]) -> list[tuple[dict, bytes]]:
-        """(metadata, encoded image) of each index row in `rows`, in that order; adjacent members in one read."""
+    def read(self, rows: Sequence[int], member: Member = "image") -> list[tuple[dict, bytes]]:
+        """(metadata, encoded image or latent) of each index row in `rows`, in that order; adjacent members in
+        one read."""
         spans = []
         for r in rows:
-            spans += [self._spans["meta"][r], self._spans["image"][r]]
+            if self._spans[member][r][0] is None:
+                raise ShardError(self.uri, f"row {r} has no {member} member: not a latent train set")
+            spans += [self._spans["meta"][r], self._spans[member][r]]
         blobs = self._fetch(spans)
         return [(json.loads(blobs[2 * k]), blobs[2 * k + 1]) for k in range(len(rows))]
 

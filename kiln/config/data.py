@@ -312,6 +312,21 @@ class PackConfig(Strict):
     shard_mb: float = Field(
         256, ge=0.001, le=65536, description="train-set shard size in MB (shards are cut between packed batches)"
     )
+    latents: bool = Field(
+        False,
+        description="store model.autoencoder's latent beside each image: the trainer reads it instead of running the VAE at every step (docs/streaming.md)",
+    )
+    latent_dtype: Literal["float16", "float32"] = "float16"
+    min_psnr: float = Field(
+        25.0,
+        ge=0,
+        le=100,
+        description="latents: the stage refuses an autoencoder whose decode(encode(x)) mean PSNR in dB on the held-out rows is lower",
+    )
+    psnr_rows: int = Field(
+        64, ge=1, le=100_000, description="latents: held-out rows (smallest sha1(id)) the PSNR check uses"
+    )
+    encode_batch: int = Field(16, ge=1, le=4096, description="latents: images per autoencoder forward")
 
 
 class EmbedConfig(Strict):

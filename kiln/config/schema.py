@@ -41,3 +41,14 @@ class KilnConfig(Strict):
                 "train.parallel.tp",
             )
         return self
+
+    @model_validator(mode="after")
+    def _latents_need_an_autoencoder(self) -> KilnConfig:
+        if self.data.pack.latents and self.model.autoencoder == "pixel":
+            raise PairError(
+                "data.pack.latents stores model.autoencoder's latents, and model.autoencoder=pixel has none: "
+                "set model.autoencoder=kl and model.autoencoder_path, or data.pack.latents=false",
+                "data.pack.latents",
+                "model.autoencoder",
+            )
+        return self

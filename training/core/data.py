@@ -16,8 +16,6 @@ prefetched, and the held-out ids.
 
 from __future__ import annotations
 
-import hashlib
-import heapq
 import itertools
 import json
 from collections.abc import Iterable, Iterator
@@ -30,7 +28,17 @@ import pyarrow as pa
 from kiln.config import ConfigError
 from kiln.progress import log
 from kiln.sampling import check_form_probs, copies_in_epoch, pick_form
-from kiln.trainshards import META_COLUMNS, Manifest, Shard, ShardError, decode_image, manifest_version, read_manifest
+from kiln.trainshards import (
+    META_COLUMNS,
+    Manifest,
+    Shard,
+    ShardError,
+    decode_image,
+    decode_latent,
+    holdout_ids,
+    manifest_version,
+    read_manifest,
+)
 
 
 @dataclass(frozen=True)
@@ -63,16 +71,18 @@ class PlannedBatch:
 
 @dataclass(frozen=True)
 class Batch:
-    """This rank's rows of one global batch, all of one bucket, pixels as uint8 NHWC."""
+    """This rank's rows of one global batch, all of one bucket: pixels as uint8 NHWC, and the stored latents
+    of a latent train set (whose pixels are read only when asked for: REPA's encoder)."""
 
     ids: tuple[str, ...]
     captions: tuple[str, ...]  # each row's caption form drawn for this epoch
     bucket: str
-    pixels: np.ndarray  # uint8 [b, H, W, 3]
+    pixels: np.ndarray | None  # uint8 [b, H, W, 3]; None: a latent train set read without them
     position: DataPosition
     after: DataPosition = DataPosition()
     rows: slice = field(default_factory=lambda: slice(None))  # which rows of the global batch these are
     global_size: int = 0  # rows in the global batch (0: these are all of it)
+    latents: np.ndarray | None = None  # float32 [b, C, h, w], a latent train set's
 
     @property
     def size(self) -> int:
@@ -91,24 +101,6 @@ class Work:
     shard: Shard
     rows: slice  # of the global batch
     seed: int
-
-
-def holdout_ids(ids: Iterable[str], n: int) -> set[str]:
-    """The `n` rows held out of training for evaluation: the smallest sha1(id), so the choice depends only on
-    which rows exist, not on their order or on the pack seed. Streams: memory O(n), not O(rows)."""
-    heap: list[tuple[int, str]] = []  # (-rank, id) of the n smallest ranks so far: the largest on top
-    kept: set[str] = set()
-    for i in ids:
-        if n <= 0 or i in kept:
-            continue
-        rank = int(hashlib.sha1(i.encode()).hexdigest(), 16)
-        if len(heap) < n:
-            heapq.heappush(heap, (-rank, i))
-            kept.add(i)
-        elif rank < -heap[0][0]:
-            kept.discard(heapq.heapreplace(heap, (-rank, i))[1])
-            kept.add(i)
-    return kept
 
 
 HELDOUT_FILE = "heldout.json"  # in a checkpoint folder: the ids its run held out, inherited by runs started from it
@@ -187,6 +179,16 @@ class _Census:
     buckets: dict[str, int] = field(default_factory=dict)
 
 
+def check_latents(manifest: Manifest, autoencoder: str, where: Path | str) -> None:
+    """A latent train set trains only the model whose autoencoder wrote its latents: another's latent space
+    (or pixel space) would train silently on the wrong inputs."""
+    if manifest.latents is not None and manifest.latents.autoencoder != autoencoder:
+        raise ConfigError(
+            f"{where} holds latents of autoencoder {manifest.latents.autoencoder}, but the model's is {autoencoder}: "
+            "set model.autoencoder_path to the one data.pack used, or pack the train set again"
+        )
+
+
 class TrainSet:
     """The pack stage's train set, streamed: `stream(seed, position, dp_rank, dp_size)` yields this rank's rows
     of each global batch from `position` on, reading only those rows' images."""
@@ -205,6 +207,7 @@ class TrainSet:
         self.held_out = held_out
         self.form_probs = dict(form_probs) if form_probs is not None else None
         self.on_bad_shard = on_bad_shard
+        self.with_pixels = manifest.latents is None  # a latent set's images are read only when asked (REPA)
         self.skipped: list[dict] = []  # shards skipped (on_bad_shard=skip): epoch, uri, why
         if self.form_probs is not None:
             check_form_probs(self.form_probs)
@@ -391,14 +394,20 @@ class TrainSet:
 
     def read(self, w: Work) -> Batch:
         """A work item's rows, read and decoded: what a loader worker does (thread-safe: it touches only `w`)."""
-        samples = w.shard.read(w.plan.rows[w.rows])
-        h, wd = bucket_size(w.plan.bucket)
-        pixels = (
-            np.stack([decode_image(image) for _, image in samples]) if samples else np.zeros((0, h, wd, 3), np.uint8)
-        )
-        captions = tuple(self.caption_text(meta, w.seed, w.plan.position.epoch) for meta, _ in samples)
+        rows, (h, wd), info = w.plan.rows[w.rows], bucket_size(w.plan.bucket), self.manifest.latents
+        metas, pixels, latents = [], None, None
+        if info is not None:
+            samples = w.shard.read(rows, "latent")
+            metas = [meta for meta, _ in samples]
+            shape = (0, info.channels, h // info.downsample, wd // info.downsample)
+            latents = np.stack([decode_latent(x) for _, x in samples]) if samples else np.zeros(shape, np.float32)
+        if self.with_pixels:
+            samples = w.shard.read(rows)
+            metas = [meta for meta, _ in samples]
+            pixels = np.stack([decode_image(x) for _, x in samples]) if samples else np.zeros((0, h, wd, 3), np.uint8)
+        captions = tuple(self.caption_text(meta, w.seed, w.plan.position.epoch) for meta in metas)
         p = w.plan
-        return Batch(p.ids[w.rows], captions, p.bucket, pixels, p.position, p.after, w.rows, len(p.rows))
+        return Batch(p.ids[w.rows], captions, p.bucket, pixels, p.position, p.after, w.rows, len(p.rows), latents)
 
     def stream(
         self, seed: int, start: DataPosition = DataPosition(), dp_rank: int = 0, dp_size: int = 1

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from training.core.data import Batch
@@ -26,16 +27,20 @@ class StepInput:
 
 
 def latent_encoder(gen, cache_dir: str | None, pin: bool = False) -> Callable[[Batch], StepInput]:
-    """Batch -> StepInput through the Generator's autoencoder, via the on-disk latent cache when configured;
-    `pin`: into page-locked memory, for a non-blocking copy to the GPU."""
+    """Batch -> StepInput: a latent train set's stored latents as they are, else the pixels through the
+    Generator's autoencoder (via the on-disk latent cache when configured); `pin`: into page-locked memory,
+    for a non-blocking copy to the GPU."""
     encode = gen.autoencoder.encode
     if cache_dir:
         from model.autoencoder import LatentCache
 
         encode = LatentCache(cache_dir, gen.autoencoder).encode
-    if pin:
-        return lambda batch: StepInput(batch, encode(batch.pixels).pin_memory())
-    return lambda batch: StepInput(batch, encode(batch.pixels))
+
+    def prepare(batch: Batch) -> StepInput:
+        x0 = torch.from_numpy(batch.latents) if batch.latents is not None else encode(batch.pixels)
+        return StepInput(batch, x0.pin_memory() if pin else x0)
+
+    return prepare
 
 
 def loader_workers(configured: int | None, device_type: str) -> int:

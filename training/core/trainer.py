@@ -209,7 +209,7 @@ def train(
 
     from model.autoencoder import from_uint8_nhwc
     from training.core.checkpoint import write_export_manifest
-    from training.core.data import DataPosition, TrainSet, bucket_size, dataset_version, write_heldout
+    from training.core.data import DataPosition, TrainSet, bucket_size, check_latents, dataset_version, write_heldout
     from training.core.dcp import Checkpointer, LoadPolicy, RunState
     from training.core.distributed import build_ranks, export_checkpoint, init_distributed
     from training.core.gpu_settings import attention_context, check_gpu_settings
@@ -242,6 +242,7 @@ def train(
             out_dir.mkdir(parents=True, exist_ok=True)
             write_heldout(out_dir, data.held_out)
         gen = init_generator(cfg.model, tc.seed, device)
+        check_latents(data.manifest, gen.autoencoder.identity(), data_dir)
         _load_init_weights(gen, tc.init_from)
         cache = TextCache(gen, tc.text_cache_mb)  # the frozen backbone encodes each step's captions
         null_one = gen.null_text(1)
@@ -250,6 +251,7 @@ def train(
             for b in data.buckets
         }
         repa = build_repa(gen, tc.repa, tc.parallel, device) if tc.repa.teacher_path else None
+        data.with_pixels |= repa is not None  # REPA's encoder sees the images, a latent set's included
         parallelize(gen, mesh, tc.parallel, device.type)
         opt = make_optimizer(gen, tc)
         repa_opt = None
