@@ -9,7 +9,7 @@ The order is fixed here, not in the data loader: rows are shuffled with `cfg.dat
 into batches per bucket (a bucket's last batch may be smaller: nothing is dropped), and the batches
 shuffled again so buckets interleave. Reading the rows in `order` replays exactly that stream.
 
-With `data.pack.latents`, each row also carries the model autoencoder's latent of its fitted image
+With `data.pack.latents_from`, each row also carries the model autoencoder's latent of its fitted image
 (assets.pack_latents: the autoencoder is checked on the held-out rows first).
 
 Each row carries what training samples from: every caption form (`caption_forms`, the loader draws one
@@ -171,7 +171,7 @@ def fitted_pixels(uri: str, cfg: KilnConfig, buckets: list[Bucket]) -> tuple[Buc
 
 
 def check_latents_first(table: pa.Table, cfg: KilnConfig, buckets: list[Bucket], in_mix: set[str] | None) -> None:
-    """data.pack.latents: the autoencoder's PSNR on the held-out rows, before any row is encoded."""
+    """data.pack.latents_from: the autoencoder's PSNR on the held-out rows, before any row is encoded."""
     ids, uris = table.column("id").to_pylist(), table.column("uri").to_pylist()
     held = holdout_ids((i for i in ids if in_mix is None or i in in_mix), cfg.data.pack.psnr_rows)
     images = []
@@ -191,10 +191,10 @@ def pack_rows(table: pa.Table, cfg: KilnConfig, stage: str = "pack") -> StageOut
     table = table.take(pac.sort_indices(table, [("id", "ascending")]))  # input order must not matter
     rejects = Rejects(stage)
     in_mix = mix_ids(pc.mix_file)
-    if pc.latents:
+    if pc.latents_from:
         check_latents_first(table, cfg, buckets, in_mix)
     packed: list[tuple[int, Bucket, bytes, tuple[int, int]]] = []  # (row index, bucket, encoded image, crop)
-    latents: dict[int, bytes] = {}  # packed index -> .npy (data.pack.latents)
+    latents: dict[int, bytes] = {}  # packed index -> .npy (data.pack.latents_from)
     pending: list[tuple[int, np.ndarray]] = []  # (packed index, fitted pixels) awaiting the autoencoder
     flush_at = pc.encode_batch * len(buckets)
 
@@ -220,7 +220,7 @@ def pack_rows(table: pa.Table, cfg: KilnConfig, stage: str = "pack") -> StageOut
         except Exception as e:  # any failure to turn the file into pixels is this row's reject reason
             rejects.add(id_, uri, Reason.PACK_ERROR, None, f"{type(e).__name__}: {e}")
             continue
-        if pc.latents:
+        if pc.latents_from:
             pending.append((len(packed), pixels))
             if len(pending) >= flush_at:
                 flush()
@@ -260,7 +260,7 @@ def write_pack(kept: pa.Table, out: Path, cfg: KilnConfig) -> None:
     """The kept rows, in stream order, as the train set's shards and manifest (kiln.trainshards)."""
     pc = cfg.data.pack
     info = None
-    if pc.latents:
+    if pc.latents_from:
         held = holdout_ids(kept.column("id").to_pylist(), pc.psnr_rows)
         rows = kept.filter(pac.is_in(kept.column("id"), pa.array(sorted(held), pa.string())))
         info = latent_info(cfg, list(zip(rows.column("image").to_pylist(), rows.column("latent").to_pylist())))

@@ -1,4 +1,4 @@
-"""Latents for the pack stage (data.pack.latents): each fitted image encoded once by the model's autoencoder.
+"""Latents for the pack stage (data.pack.latents_from): each fitted image encoded once by the model's autoencoder.
 
 The report and PRX train on precomputed VAE latents: the VAE's forward then runs once per image, not once per
 image and epoch, and a step reads a fraction of the bytes (a 16-channel f8 latent of a 256-px image is 32 KB in
@@ -26,17 +26,18 @@ from kiln.trainshards import LatentInfo, decode_image, decode_latent, encode_lat
 
 
 @functools.lru_cache(maxsize=2)
-def load_autoencoder(kind: str, path: str | None):
-    """The model's autoencoder on the best device here (loaded once per process: the check and the encode share it)."""
+def load_autoencoder(path: str):
+    """The autoencoder on the best device here (loaded once per process: the check and the encode share it)."""
     import torch
 
-    from model.autoencoder import build_autoencoder
+    from model.autoencoder import KLAutoencoder
 
-    return build_autoencoder(kind, path, "cuda" if torch.cuda.is_available() else "cpu")
+    return KLAutoencoder(path, "cuda" if torch.cuda.is_available() else "cpu")
 
 
 def autoencoder_of(cfg: KilnConfig):
-    return load_autoencoder(cfg.model.autoencoder, cfg.model.autoencoder_path)
+    assert cfg.data.pack.latents_from is not None
+    return load_autoencoder(cfg.data.pack.latents_from)
 
 
 def psnr_db(a: np.ndarray, b: np.ndarray) -> float:
@@ -99,7 +100,7 @@ def check_autoencoder(cfg: KilnConfig, images: Sequence[np.ndarray]) -> float:
     log.info("pack: autoencoder %s reconstructs %d held-out rows at %.2f dB PSNR", ae.identity(), len(images), score)
     if not score >= pc.min_psnr:
         raise ValueError(
-            f"data.pack.latents: the autoencoder at {cfg.model.autoencoder_path} reconstructs the {len(images)} "
+            f"data.pack.latents_from: the autoencoder at {pc.latents_from} reconstructs the {len(images)} "
             f"held-out rows at {score:.2f} dB PSNR, below data.pack.min_psnr={pc.min_psnr:g}: the wrong folder, "
             "random weights, or a VAE not made for these images? Nothing was written."
         )

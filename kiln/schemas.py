@@ -209,7 +209,7 @@ class TrainRow(BaseModel):
     height: I32
     width: I32
     image: bytes  # encoded (data.pack.image_format)
-    latent: bytes | None  # the image's autoencoder latent as .npy (data.pack.latents), else null
+    latent: bytes | None  # the image's autoencoder latent as .npy (data.pack.latents_from), else null
     crop_left: I32  # where the bucket was cut from the resized image
     crop_top: I32
     batch: I32  # every row of a batch shares one bucket

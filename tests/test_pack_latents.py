@@ -1,4 +1,4 @@
-"""A latent train set (data.pack.latents): the model autoencoder's latent of every fitted image, stored beside
+"""A latent train set (data.pack.latents_from): the model autoencoder's latent of every fitted image, stored beside
 it, checked first on the held-out rows, and read by the trainer instead of running the VAE at each step."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def pack_config(vae: Path, *extra: str):
             "model.autoencoder=kl",
             f"model.autoencoder_path={vae}",
             "model.in_channels=4",
-            "data.pack.latents=true",
+            f"data.pack.latents_from={vae}",
             *extra,
         ]
     )
@@ -113,9 +113,13 @@ def test_the_psnr_recorded_is_the_stored_latents_mean_over_the_held_out_rows(lat
     assert read_manifest(latent_set).latents.psnr_db == pytest.approx(mean_psnr(originals, decoded), abs=1e-3)
 
 
-def test_latents_without_an_autoencoder_fail_at_config_validation():
-    with pytest.raises(ConfigError, match="model.autoencoder=pixel has none"):
-        load_config(["data.pack.latents=true"])
+def test_latents_of_another_autoencoder_than_the_models_fail_at_config_validation(vae, tmp_path):
+    with pytest.raises(ConfigError, match="the model's is model.autoencoder=pixel"):
+        load_config([f"data.pack.latents_from={vae}"])
+    other = ["model.autoencoder=kl", f"model.autoencoder_path={tmp_path}", f"data.pack.latents_from={vae}"]
+    with pytest.raises(ConfigError, match="the trainer would refuse the train set"):
+        load_config(other)
+    assert load_config([*other[:2], f"data.pack.latents_from={tmp_path}/"]).data.pack.latents_from
 
 
 def test_the_trainer_trains_on_the_stored_latents_and_refuses_another_autoencoders(

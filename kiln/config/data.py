@@ -312,9 +312,9 @@ class PackConfig(Strict):
     shard_mb: float = Field(
         256, ge=0.001, le=65536, description="train-set shard size in MB (shards are cut between packed batches)"
     )
-    latents: bool = Field(
-        False,
-        description="store model.autoencoder's latent beside each image: the trainer reads it instead of running the VAE at every step (docs/streaming.md)",
+    latents_from: str | None = Field(
+        None,
+        description="a diffusers AutoencoderKL folder, the model's model.autoencoder_path: store its latent beside each image (docs/streaming.md); None = images only",
     )
     latent_dtype: Literal["float16", "float32"] = "float16"
     min_psnr: float = Field(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from pydantic import model_validator
 
 from kiln.config.base import (
@@ -43,12 +45,17 @@ class KilnConfig(Strict):
         return self
 
     @model_validator(mode="after")
-    def _latents_need_an_autoencoder(self) -> KilnConfig:
-        if self.data.pack.latents and self.model.autoencoder == "pixel":
+    def _latents_are_the_models(self) -> KilnConfig:
+        source, model = self.data.pack.latents_from, self.model
+        if source is not None and (
+            model.autoencoder != "kl" or os.path.abspath(source) != os.path.abspath(model.autoencoder_path or "")
+        ):
             raise PairError(
-                "data.pack.latents stores model.autoencoder's latents, and model.autoencoder=pixel has none: "
-                "set model.autoencoder=kl and model.autoencoder_path, or data.pack.latents=false",
-                "data.pack.latents",
-                "model.autoencoder",
+                f"data.pack.latents_from={source} stores that autoencoder's latents, but the model's is "
+                f"model.autoencoder={model.autoencoder} at {model.autoencoder_path}: the trainer would refuse the train "
+                "set; set model.autoencoder=kl and model.autoencoder_path to the same folder (a profile can write "
+                "data.pack.latents_from: ${model.autoencoder_path})",
+                "data.pack.latents_from",
+                "model.autoencoder_path",
             )
         return self
