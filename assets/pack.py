@@ -20,7 +20,9 @@ assets.mixes; a file that names none of the rows is the wrong file and fails the
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,9 +37,10 @@ from kiln.imageio import open_rgb
 from kiln.progress import log, progress
 from kiln.reasons import Reason
 from kiln.sampling import FORMS, dump_forms
-from kiln.schemas import REWRITTEN, TRAIN
+from kiln.schemas import PACKED, REWRITTEN
 from kiln.stage import Rejects, Stage, StageOutput
-from kiln.trainshards import encode_image, encode_latent, holdout_ids, train_samples, write_train_set
+from kiln.threads import ordered_map
+from kiln.trainshards import MANIFEST, Sample, encode_image, encode_latent, holdout_ids, write_train_set
 from kiln.uri import read_bytes
 
 SIDE_STEP = 8
@@ -186,6 +189,9 @@ def check_latents_first(table: pa.Table, cfg: KilnConfig, buckets: list[Bucket],
 
 
 def pack_rows(table: pa.Table, cfg: KilnConfig, stage: str = "pack") -> StageOutput:
+    """The plan: every row decoded and fitted once (a row that fails is rejected here, with its reason), its
+    bucket and crop kept, and the stream order drawn; no pixels are kept (write_pack encodes them), so memory
+    is the rows' metadata, not their images."""
     pc = cfg.data.pack
     buckets = buckets_for(pc.aspect_buckets, pc.resolution)
     table = table.take(pac.sort_indices(table, [("id", "ascending")]))  # input order must not matter
@@ -193,78 +199,111 @@ def pack_rows(table: pa.Table, cfg: KilnConfig, stage: str = "pack") -> StageOut
     in_mix = mix_ids(pc.mix_file)
     if pc.latents_from:
         check_latents_first(table, cfg, buckets, in_mix)
-    packed: list[tuple[int, Bucket, bytes, tuple[int, int]]] = []  # (row index, bucket, encoded image, crop)
-    latents: dict[int, bytes] = {}  # packed index -> .npy (data.pack.latents_from)
-    pending: list[tuple[int, np.ndarray]] = []  # (packed index, fitted pixels) awaiting the autoencoder
-    flush_at = pc.encode_batch * len(buckets)
+    ids, uris = table.column("id").to_pylist(), table.column("uri").to_pylist()
+    chosen = [i for i in range(table.num_rows) if in_mix is None or ids[i] in in_mix]
+    for i in sorted(set(range(table.num_rows)) - set(chosen)):
+        rejects.add(ids[i], uris[i], Reason.NOT_IN_MIX, None, str(pc.mix_file))
 
-    def flush() -> None:
-        for (k, _), z in zip(pending, encode(autoencoder_of(cfg), [p for _, p in pending], pc.encode_batch)):
-            latents[k] = encode_latent(z, pc.latent_dtype)
-        pending.clear()
-
-    for i, (id_, uri) in enumerate(
-        progress(
-            zip(table.column("id").to_pylist(), table.column("uri").to_pylist()),
-            desc="pack",
-            total=table.num_rows,
-            unit="img",
-        )
-    ):
-        if in_mix is not None and id_ not in in_mix:
-            rejects.add(id_, uri, Reason.NOT_IN_MIX, None, str(pc.mix_file))
-            continue
+    def fit(i: int) -> tuple[Bucket, tuple[int, int]] | Exception:
         try:
-            bucket, pixels, crop = fitted_pixels(uri, cfg, buckets)
-            image = encode_image(pixels, pc.image_format, pc.jpeg_quality)
+            bucket, _, crop = fitted_pixels(uris[i], cfg, buckets)
+            return bucket, crop
         except Exception as e:  # any failure to turn the file into pixels is this row's reject reason
-            rejects.add(id_, uri, Reason.PACK_ERROR, None, f"{type(e).__name__}: {e}")
-            continue
-        if pc.latents_from:
-            pending.append((len(packed), pixels))
-            if len(pending) >= flush_at:
-                flush()
-        packed.append((i, bucket, image, crop))
-    if pending:
-        flush()
+            return e
 
-    plan = batch_plan([b.name for _, b, _, _ in packed], pc.batch_size, pc.seed)
-    ids, captions, forms = table.column("id").to_pylist(), table.column("caption").to_pylist(), caption_forms(table)
-    weights = row_weights([ids[i] for i, _, _, _ in packed], read_weights(pc.weights_file), pc.weights_file)
+    packed: list[tuple[int, Bucket, tuple[int, int]]] = []  # (row index, bucket, crop)
+    fits = ordered_map(fit, chosen, cfg.cluster.workers)
+    for i, got in zip(chosen, progress(fits, desc="pack: plan", total=len(chosen), unit="img")):
+        if isinstance(got, Exception):
+            rejects.add(ids[i], uris[i], Reason.PACK_ERROR, None, f"{type(got).__name__}: {got}")
+        else:
+            packed.append((i, *got))
+
+    plan = batch_plan([b.name for _, b, _ in packed], pc.batch_size, pc.seed)
+    captions, forms = table.column("caption").to_pylist(), caption_forms(table)
+    weights = row_weights([ids[i] for i, _, _ in packed], read_weights(pc.weights_file), pc.weights_file)
     rows = []
     for order, (k, batch) in enumerate(plan):
-        i, bucket, image, crop = packed[k]
-        text = {"id": ids[i], "caption": captions[i], "caption_forms": forms[i], "sampling_weight": weights[k]}
+        i, bucket, crop = packed[k]
         rows.append(
-            text
-            | {
+            {
+                "id": ids[i],
+                "uri": uris[i],
+                "caption": captions[i],
+                "caption_forms": forms[i],
+                "sampling_weight": weights[k],
                 "bucket": bucket.name,
                 "height": bucket.height,
                 "width": bucket.width,
-                "image": image,
-                "latent": latents.get(k),
                 "crop_left": crop[0],
                 "crop_top": crop[1],
                 "batch": batch,
                 "order": order,
             }
         )
-    return StageOutput(pa.Table.from_pylist(rows, schema=TRAIN), rejects.table())
+    return StageOutput(pa.Table.from_pylist(rows, schema=PACKED), rejects.table())
 
 
 def pack_stage(table: pa.Table, cfg: KilnConfig) -> StageOutput:
     return pack_rows(table, cfg)
 
 
-def write_pack(kept: pa.Table, out: Path, cfg: KilnConfig) -> None:
-    """The kept rows, in stream order, as the train set's shards and manifest (kiln.trainshards)."""
+def packed_samples(kept: pa.Table, cfg: KilnConfig, held: dict[str, tuple[bytes, bytes]]) -> Iterator[Sample]:
+    """The planned rows as Samples in stream order: each image read, fitted and encoded again (the plan kept
+    no pixels), a packed batch at a time in `cluster.workers` threads, and, with latents, one autoencoder
+    forward per packed batch (one bucket). The held-out rows' (image, latent) land in `held`."""
     pc = cfg.data.pack
-    info = None
-    if pc.latents_from:
-        held = holdout_ids(kept.column("id").to_pylist(), pc.psnr_rows)
-        rows = kept.filter(pac.is_in(kept.column("id"), pa.array(sorted(held), pa.string())))
-        info = latent_info(cfg, list(zip(rows.column("image").to_pylist(), rows.column("latent").to_pylist())))
-    write_train_set(train_samples(kept), out, pc.image_format, int(pc.shard_mb * 1e6), info)
+    buckets = buckets_for(pc.aspect_buckets, pc.resolution)
+    by_name = {b.name: b for b in buckets}
+
+    def batch_of(rows: list[dict]) -> list[Sample]:
+        pixels = [
+            fit_with_crop(open_rgb(read_bytes(r["uri"]), cfg.data.filters.max_pixels), by_name[r["bucket"]])
+            for r in rows
+        ]
+        arrays = [np.asarray(im, dtype=np.uint8) for im, _ in pixels]
+        latents = [None] * len(rows)
+        if pc.latents_from:
+            latents = [encode_latent(z, pc.latent_dtype) for z in encode(autoencoder_of(cfg), arrays, pc.encode_batch)]
+        return [
+            Sample(
+                r["id"], r["caption"], r["caption_forms"], r["sampling_weight"], r["bucket"], r["height"], r["width"],
+                encode_image(a, pc.image_format, pc.jpeg_quality), r["batch"], (r["crop_left"], r["crop_top"]), z,
+            )
+            for r, a, z in zip(rows, arrays, latents, strict=True)
+        ]  # fmt: skip
+
+    batches = packed_batches(kept.sort_by([("order", "ascending")]))
+    done = ordered_map(batch_of, batches, cfg.cluster.workers)
+    for samples in progress(done, desc="pack: write", unit="batch"):
+        for s in samples:
+            if s.id in held:
+                held[s.id] = (s.image, s.latent or b"")
+            yield s
 
 
-STAGE = Stage("pack", pack_stage, input_schema=REWRITTEN, output_schema=TRAIN, scope="global", write_kept=write_pack)
+def packed_batches(kept: pa.Table) -> Iterator[list[dict]]:
+    """The plan's rows, a packed batch at a time (they are contiguous in stream order)."""
+    run: list[dict] = []
+    for chunk in kept.to_batches(max_chunksize=1024):
+        for r in chunk.to_pylist():
+            if run and r["batch"] != run[-1]["batch"]:
+                yield run
+                run = []
+            run.append(r)
+    if run:
+        yield run
+
+
+def write_pack(kept: pa.Table, out: Path, cfg: KilnConfig) -> None:
+    """The plan's rows, in stream order, as the train set's shards and manifest (kiln.trainshards); streams:
+    memory is a window of packed batches, whatever the number of rows."""
+    pc = cfg.data.pack
+    held = dict.fromkeys(holdout_ids(kept.column("id").to_pylist(), pc.psnr_rows) if pc.latents_from else ())
+    manifest = write_train_set(packed_samples(kept, cfg, held), out, pc.image_format, int(pc.shard_mb * 1e6))
+    if pc.latents_from:  # the PSNR of what the shards hold, measured as they were written
+        info = latent_info(cfg, [v for v in held.values() if v is not None])
+        (out / MANIFEST).write_text(dataclasses.replace(manifest, latents=info).to_json())
+
+
+STAGE = Stage("pack", pack_stage, input_schema=REWRITTEN, output_schema=PACKED, scope="global", write_kept=write_pack)

@@ -1,5 +1,5 @@
 """Text embeddings per training step: encoded at the step (the demo's MiniLM, a 0.5B-class decoder) against the
-DiT step they feed, and what a precompute stage would store and read back instead (issue #42).
+DiT step they feed, and what a precompute stage would store and read back instead.
 
 The setting is the demo's (`kiln config show`): batch 16, the nano DiT on 32x32 pixels (patch 4), captions padded
 to `model.text_encoder.max_length` (32) tokens, hidden states of `model.text_encoder.layers` ([-1, -3, -5]) fused,
@@ -57,21 +57,21 @@ VOCAB = 32_000  # Qwen2's is 151,936: the embedding lookup costs nothing next to
 
 
 def caption_pool(cfg: KilnConfig, n: int) -> list[str]:
-    """`n` distinct captions of demo scenes, each row's form drawn as training draws it."""
+    """`n` distinct captions of demo scenes (every family), each row's form drawn as training draws it."""
+    from components.demo_scenes import FAMILIES, caption_for, sample_scene
     from kiln.sampling import pick_form
-    from training.testing import scene_rows
+    from training.testing import rule_caption_forms
 
-    seen, out, rows = set(), [], 4 * n
-    while len(out) < n:
-        out, seen = [], set()
-        for r in scene_rows(rows, seed=0, batch_size=cfg.train.batch_size).to_pylist():
-            forms = json.loads(r["caption_forms"])
-            c = forms[pick_form(r["id"], cfg.data.rewrite.form_probs, cfg.train.seed)]
-            if c not in seen:
-                seen.add(c)
-                out.append(c)
-        rows *= 2
-    return out[:n]
+    rng, out, seen = np.random.default_rng(0), [], set()
+    for k in range(100 * n):
+        forms = json.loads(rule_caption_forms(caption_for(sample_scene(rng, FAMILIES[k % len(FAMILIES)]))))
+        c = forms[pick_form(f"row{k:07d}", cfg.data.rewrite.form_probs, cfg.train.seed)]
+        if c not in seen:
+            seen.add(c)
+            out.append(c)
+            if len(out) == n:
+                return out
+    raise RuntimeError(f"fewer than {n} distinct demo captions")
 
 
 def qwen2_tokenizer(texts: list[str], vocab_size: int):
@@ -138,7 +138,13 @@ class Setting:
         repa = build_repa(self.gen, tc.repa, tc.parallel, torch.device("cpu")) if tc.repa.teacher_path else None
         opt = make_optimizer(self.gen, tc)
         self.learner = Learner(
-            self.gen, opt, tc, Runtime(torch.device("cpu"), None), 1, repa, repa.make_optimizer(None, tc) if repa else None
+            self.gen,
+            opt,
+            tc,
+            Runtime(torch.device("cpu"), None),
+            1,
+            repa,
+            repa.make_optimizer(None, tc) if repa else None,
         )
         self.shift = timestep_shift(
             num_image_tokens(side, side, cfg.model.patch_size), tc.timestep_shift, tc.timestep_max_shift
@@ -279,7 +285,7 @@ def main() -> None:
             print(f"repeat {r + 1}/{args.repeats}: " + ", ".join(f"{n} {v:.4f}" for n, v in best.items()), flush=True)
 
     table = {}
-    for k, s in settings.items():
+    for k in settings:
         a = best[f"a_train_step[{k}]"]
         for name in ("a_train_step", "encode_cold", "read_warm", "read_cold"):
             table[f"{name}[{k}]"] = {"s_per_step": best[f"{name}[{k}]"], "ratio_to_a": best[f"{name}[{k}]"] / a}

@@ -197,9 +197,9 @@ class MixRow(BaseModel):
 
 
 class TrainRow(BaseModel):
-    """One packed training example: its image encoded at its bucket's size, in pre-shuffled batch order, with
-    every caption form the loader may draw from and the weight it samples the row by. The pack stage hands
-    these to kiln.trainshards, which writes them as the train set's shards."""
+    """One packed training example as kiln.trainshards.train_samples takes it from a table (tests and
+    benchmarks build train sets this way): its image encoded at its bucket's size, in pre-shuffled batch
+    order, with every caption form the loader may draw from and the weight it samples the row by."""
 
     id: str
     caption: str  # the long caption (evaluation and sampling read it)
@@ -214,6 +214,25 @@ class TrainRow(BaseModel):
     crop_top: I32
     batch: I32  # every row of a batch shares one bucket
     order: int  # global position in the pre-shuffled stream
+
+
+class PackedRow(BaseModel):
+    """The pack stage's plan for one row: where its image comes from, its bucket and crop, its place in the
+    pre-shuffled stream, and what training samples from. No pixels: the stage's writer encodes them into the
+    train set's shards (kiln.trainshards), a packed batch at a time."""
+
+    id: str
+    uri: str
+    caption: str
+    caption_forms: str
+    sampling_weight: float
+    bucket: str
+    height: I32
+    width: I32
+    crop_left: I32
+    crop_top: I32
+    batch: I32
+    order: int
 
 
 class RejectRow(BaseModel):
@@ -240,9 +259,8 @@ CONCEPT_COUNTS = arrow_schema(ConceptCountRow)
 CONCEPT_WEIGHTS = arrow_schema(ConceptWeightRow)
 MIX = arrow_schema(MixRow)
 TRAIN = arrow_schema(TrainRow)
-TRAIN_META = pa.schema(
-    [f for f in TRAIN if f.name not in ("image", "latent")]
-)  # a train set's rows as its shards' metadata holds them
+PACKED = arrow_schema(PackedRow)
+TRAIN_META = pa.schema([f for f in PACKED if f.name != "uri"])  # a train set's rows as its shards' metadata holds them
 REJECTED = arrow_schema(RejectRow)
 
 

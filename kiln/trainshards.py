@@ -200,36 +200,49 @@ def holdout_ids(ids: Iterable[str], n: int) -> set[str]:
 # -- writing ------------------------------------------------------------------------------------------------
 
 
-def _write_shard(root: Path, n: int, samples: list[Sample], ext: str) -> ShardInfo:
-    from webdataset import TarWriter
+class _ShardWriter:
+    """One shard being written: samples go straight into the tar (memory: the index's columns, not the
+    images), and `close` writes the index and says what the manifest lists."""
 
-    tar, index = f"{SHARDS}/shard-{n:06d}.tar", f"{SHARDS}/shard-{n:06d}.index.parquet"
-    keys = [f"{s.batch:09d}-{k:06d}" for k, s in enumerate(samples)]  # no dots: WebDataset splits the key at the first
-    with (root / tar).open("wb") as f, TarWriter(f, mtime=0, encoder=False, user="kiln", group="kiln") as w:
-        for key, s in zip(keys, samples):
-            w.write({"__key__": key, ext: s.image, "json": s.meta()} | ({"npy": s.latent} if s.latent else {}))
-    members = tar_index(str(root / tar))
-    image, meta = [members[f"{k}.{ext}"] for k in keys], [members[f"{k}.json"] for k in keys]
-    latent = [members.get(f"{k}.npy") for k in keys]
-    cols = {
-        "key": keys,
-        "id": [s.id for s in samples],
-        "bucket": [s.bucket for s in samples],
-        "sampling_weight": [float(s.sampling_weight) for s in samples],
-        "batch": [s.batch for s in samples],
-        "image_offset": [e.offset for e in image],
-        "image_size": [e.size for e in image],
-        "image_crc": [zlib.crc32(s.image) for s in samples],
-        "meta_offset": [e.offset for e in meta],
-        "meta_size": [e.size for e in meta],
-        "meta_crc": [zlib.crc32(s.meta()) for s in samples],
-        "latent_offset": [e.offset if e else None for e in latent],
-        "latent_size": [e.size if e else None for e in latent],
-        "latent_crc": [zlib.crc32(s.latent) if s.latent else None for s in samples],
-    }
-    pq.write_table(pa.table(cols, schema=INDEX), root / index, compression="zstd", write_statistics=False)
-    size = (root / tar).stat().st_size
-    return ShardInfo(tar, index, len(samples), size, sha256_file(root / tar), sha256_file(root / index))
+    def __init__(self, root: Path, n: int, ext: str):
+        from webdataset import TarWriter
+
+        self.root, self.ext = root, ext
+        self.tar, self.index = f"{SHARDS}/shard-{n:06d}.tar", f"{SHARDS}/shard-{n:06d}.index.parquet"
+        self.file = (root / self.tar).open("wb")
+        self.writer = TarWriter(self.file, mtime=0, encoder=False, user="kiln", group="kiln")
+        self.cols: dict[str, list] = {name: [] for name in ("key", "id", "bucket", "sampling_weight", "batch")}
+        self.crcs: dict[str, list] = {"image": [], "meta": [], "latent": []}
+
+    def write(self, s: Sample) -> None:
+        key = f"{s.batch:09d}-{len(self.cols['key']):06d}"  # no dots: WebDataset splits the key at the first
+        meta = s.meta()
+        self.writer.write({"__key__": key, self.ext: s.image, "json": meta} | ({"npy": s.latent} if s.latent else {}))
+        for name, value in zip(self.cols, (key, s.id, s.bucket, float(s.sampling_weight), s.batch)):
+            self.cols[name].append(value)
+        self.crcs["image"].append(zlib.crc32(s.image))
+        self.crcs["meta"].append(zlib.crc32(meta))
+        self.crcs["latent"].append(zlib.crc32(s.latent) if s.latent else None)
+
+    @property
+    def bytes(self) -> int:
+        self.file.flush()
+        return self.file.tell()
+
+    def close(self) -> ShardInfo:
+        self.writer.close()
+        self.file.close()
+        members, keys = tar_index(str(self.root / self.tar)), self.cols["key"]
+        cols = dict(self.cols)
+        for part, suffix in (("image", self.ext), ("meta", "json"), ("latent", "npy")):
+            entries = [members.get(f"{k}.{suffix}") for k in keys]
+            cols[f"{part}_offset"] = [e.offset if e else None for e in entries]
+            cols[f"{part}_size"] = [e.size if e else None for e in entries]
+            cols[f"{part}_crc"] = self.crcs[part]
+        table = pa.table({name: cols[name] for name in INDEX.names}, schema=INDEX)
+        pq.write_table(table, self.root / self.index, compression="zstd", write_statistics=False)
+        tar, index = self.root / self.tar, self.root / self.index
+        return ShardInfo(self.tar, self.index, len(keys), tar.stat().st_size, sha256_file(tar), sha256_file(index))
 
 
 def train_samples(table: pa.Table) -> Iterator[Sample]:
@@ -271,29 +284,29 @@ def write_train_set(
     latents: LatentInfo | None = None,
 ) -> Manifest:
     """Write `samples` (in stream order, each packed batch contiguous) as shards of about `shard_bytes`, cut
-    only between batches, then the manifest; streams: one shard's samples in memory at a time. With
+    only between batches, then the manifest; streams: each sample goes to its tar as it comes. With
     `latents`, every sample must carry its latent."""
     root = Path(root)
     (root / SHARDS).mkdir(parents=True, exist_ok=True)
     ext = EXTENSION[image_format]
     shards: list[ShardInfo] = []
     buckets: dict[str, int] = {}
-    weighted, pending, size = False, [], 0
+    weighted, shard = False, None
     for batch in _by_batch(samples):
         if latents is not None and any(s.latent is None for s in batch):
             raise ValueError(
                 f"a latent train set, but sample {next(s.id for s in batch if s.latent is None)} has no latent"
             )
-        pending += batch
-        size += sum(len(s.image) + len(s.latent or b"") + len(s.meta()) + 2048 for s in batch)  # headers, padding
+        shard = shard or _ShardWriter(root, len(shards), ext)
         for s in batch:
+            shard.write(s)
             buckets[s.bucket] = buckets.get(s.bucket, 0) + 1
             weighted |= s.sampling_weight != 1.0
-        if size >= shard_bytes:
-            shards.append(_write_shard(root, len(shards), pending, ext))
-            pending, size = [], 0
-    if pending:
-        shards.append(_write_shard(root, len(shards), pending, ext))
+        if shard.bytes >= shard_bytes:
+            shards.append(shard.close())
+            shard = None
+    if shard is not None:
+        shards.append(shard.close())
     manifest = Manifest(
         image_format, sum(buckets.values()), dict(sorted(buckets.items())), weighted, shards, latents=latents
     )

@@ -21,10 +21,12 @@ def test_held_and_fresh_rows_give_the_model_the_same_input(text_encoder_dir):
     first = cache.batch(CAPTIONS[:5])
     again = cache.batch(CAPTIONS[:5])  # every row held now
     assert cache.encoded == 5 and torch.equal(first.hidden, again.hidden) and torch.equal(first.mask, again.mask)
-    direct = gen.encode_text(CAPTIONS[:5])
-    assert torch.equal(first.mask, direct.mask)
+    encoded = gen.encode_text(CAPTIONS[:5])
+    direct = type(encoded)(encoded.hidden.to(torch.bfloat16).to(encoded.hidden.dtype), encoded.mask)  # as stored
+    assert torch.equal(first.mask, direct.mask) and first.hidden.dtype == encoded.hidden.dtype
+    assert all(row.hidden.dtype == torch.bfloat16 for row in cache.rows.values())  # half float32's bytes
     tokens = first.mask[:, None, :, None].expand_as(first.hidden)
-    assert torch.equal(first.hidden[tokens], direct.hidden[tokens])  # the caption's tokens exactly as encoded
+    assert torch.equal(first.hidden[tokens], direct.hidden[tokens])  # the caption's tokens as encoded, in bf16
     x, t = torch.randn(5, 3, 32, 32, generator=torch.Generator().manual_seed(0)), torch.linspace(0.1, 0.9, 5)
     with torch.no_grad():
         v = gen(x, t, first)
@@ -46,3 +48,16 @@ def test_the_cache_holds_at_most_its_budget_and_drops_the_least_recently_used(te
     assert cache.encoded == 4
     empty = TextCache(gen, capacity_mb=0)
     assert len(empty.batch(CAPTIONS[:2])) == 2 and len(empty) == 0  # nothing held: every step encodes
+
+
+def test_prefill_encodes_up_front_while_the_budget_lasts_and_the_steps_are_then_hits(text_encoder_dir):
+    gen = init_generator(micro_model_config(text_encoder_dir), 0)
+    one = TextCache(gen, capacity_mb=1)
+    one.batch(CAPTIONS[:1])
+    cache = TextCache(gen, capacity_mb=4.5 * one.held / 1e6)  # about four rows
+    assert cache.prefill(CAPTIONS[:6], batch=2) == 4 and cache.held <= cache.capacity  # the third pair does not fit
+    cache.batch(CAPTIONS[:4])
+    assert cache.encoded == 6  # two batches kept, the third encoded and dropped; the steps then all hit
+    whole = TextCache(gen, capacity_mb=10)
+    assert whole.prefill(CAPTIONS[:6], batch=4) == 6
+    assert torch.equal(whole.batch(CAPTIONS[:3]).hidden, TextCache(gen, capacity_mb=10).batch(CAPTIONS[:3]).hidden)

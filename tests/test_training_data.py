@@ -2,6 +2,7 @@
 each data-parallel rank reading only its own rows."""
 
 import itertools
+import json
 
 import pytest
 from fresh import in_fresh_process
@@ -166,3 +167,18 @@ def test_a_missing_shard_stops_the_run_naming_it_or_is_skipped_and_recorded(tabl
     ids = [i for b in one_epoch(skipping) for i in b.ids]
     assert sorted(ids) == sorted(set(table.column("id").to_pylist()) - gone)  # nothing else is lost
     assert {r["uri"] for r in skipping.skipped} == {str(bad / lost.tar)} and skipping.num_rows == len(ids)
+
+
+def test_the_texts_to_encode_up_front_are_every_drawable_form_of_the_training_rows(pack, table):
+    probs = {"short": 0.5, "long": 0.5, "medium": 0.0, "tags": 0.0, "json": 0.0}
+    data = TrainSet.from_dir(pack, 8, holdout=4, form_probs=probs)
+    texts = data.drawable_texts(limit=table.num_rows)
+    forms = [
+        json.loads(f)
+        for i, f in zip(table.column("id").to_pylist(), table.column("caption_forms").to_pylist())
+        if i not in data.held_out
+    ]
+    assert texts == sorted({f[k] for f in forms for k in ("short", "long")})  # nothing of p = 0, no held-out row
+    drawn = {c for b in itertools.islice(data.stream(0), 40) for c in b.captions}
+    assert drawn <= set(texts)  # what the stream draws over several epochs
+    assert data.drawable_texts(limit=table.num_rows - 1) is None  # a larger set: nothing read, nothing up front

@@ -212,6 +212,12 @@ class TrainConfig(Strict):
         le=1_000_000,
         description="caption embeddings kept in memory, in MB (least recently used out); the rest are encoded at their step",
     )
+    text_prefill_rows: int = Field(
+        20_000,
+        ge=0,
+        le=10_000_000,
+        description="a train set of at most this many rows has its drawable captions encoded before step 1, as many as fit text_cache_mb; 0 = never",
+    )
     loader_workers: int | None = Field(
         None,
         ge=0,

@@ -293,6 +293,28 @@ class TrainSet:
         """The caption form this row trains on in `epoch`; None without form probabilities (the long caption)."""
         return None if self.form_probs is None else pick_form(row_id, self.form_probs, seed, epoch)
 
+    def drawable_texts(self, limit: int) -> list[str] | None:
+        """Every caption text the stream can draw (each row's forms of positive probability, or its caption),
+        sorted; None, without reading anything, when the set has more than `limit` rows."""
+        if self.manifest.rows > limit:
+            return None
+        forms = [f for f, p in (self.form_probs or {}).items() if p > 0]
+        texts: set[str] = set()
+        for info in self.manifest.shards:
+            try:
+                shard = Shard(self.root, info)
+            except ShardError:
+                continue  # the stream stops on it or skips it (on_bad_shard); the cache need not know
+            for meta in shard.read_meta(range(shard.rows)):
+                if meta["id"] in self.held_out:
+                    continue
+                if self.form_probs is None:
+                    texts.add(meta["caption"])
+                else:
+                    drawn = json.loads(meta["caption_forms"])
+                    texts.update(drawn[f] for f in forms if f in drawn)
+        return sorted(texts)
+
     def caption_text(self, meta: dict, seed: int, epoch: int) -> str:
         form = self.caption_form(meta["id"], seed, epoch)
         if form is None:

@@ -245,6 +245,10 @@ def train(
         check_latents(data.manifest, gen.autoencoder.identity(), data_dir)
         _load_init_weights(gen, tc.init_from)
         cache = TextCache(gen, tc.text_cache_mb)  # the frozen backbone encodes each step's captions
+        texts = data.drawable_texts(tc.text_prefill_rows)  # a small set's: all of them, up front, if they fit
+        if texts:
+            held = cache.prefill(texts)
+            log.info("train: %d of %d caption texts encoded up front (train.text_cache_mb)", held, len(texts))
         null_one = gen.null_text(1)
         flops_per_sample = {
             b: gen.flops_per_sample(*(side // gen.autoencoder.downsample for side in bucket_size(b)))
