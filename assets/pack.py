@@ -200,9 +200,12 @@ def pack_rows(table: pa.Table, cfg: KilnConfig, stage: str = "pack") -> StageOut
     if pc.latents_from:
         check_latents_first(table, cfg, buckets, in_mix)
     ids, uris = table.column("id").to_pylist(), table.column("uri").to_pylist()
-    chosen = [i for i in range(table.num_rows) if in_mix is None or ids[i] in in_mix]
-    for i in sorted(set(range(table.num_rows)) - set(chosen)):
-        rejects.add(ids[i], uris[i], Reason.NOT_IN_MIX, None, str(pc.mix_file))
+    chosen = []
+    for i, id_ in enumerate(ids):
+        if in_mix is None or id_ in in_mix:
+            chosen.append(i)
+        else:
+            rejects.add(id_, uris[i], Reason.NOT_IN_MIX, None, str(pc.mix_file))
 
     def fit(i: int) -> tuple[Bucket, tuple[int, int]] | Exception:
         try:
@@ -257,11 +260,7 @@ def packed_samples(kept: pa.Table, cfg: KilnConfig, held: dict[str, tuple[bytes,
     by_name = {b.name: b for b in buckets}
 
     def batch_of(rows: list[dict]) -> list[Sample]:
-        pixels = [
-            fit_with_crop(open_rgb(read_bytes(r["uri"]), cfg.data.filters.max_pixels), by_name[r["bucket"]])
-            for r in rows
-        ]
-        arrays = [np.asarray(im, dtype=np.uint8) for im, _ in pixels]
+        arrays = [fitted_pixels(r["uri"], cfg, [by_name[r["bucket"]]])[1] for r in rows]  # the planned bucket
         latents = [None] * len(rows)
         if pc.latents_from:
             latents = [encode_latent(z, pc.latent_dtype) for z in encode(autoencoder_of(cfg), arrays, pc.encode_batch)]

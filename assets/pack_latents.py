@@ -59,30 +59,27 @@ def _by_shape(images: Sequence[np.ndarray]) -> dict[tuple, list[int]]:
     return groups
 
 
-def encode(ae, images: Sequence[np.ndarray], batch: int) -> list[np.ndarray]:
-    """Each uint8 HxWx3 image's latent [C, h, w] (float32), batched by shape."""
-    out: list[np.ndarray | None] = [None] * len(images)
-    for ks in _by_shape(images).values():
+def _batched(fn, arrays: Sequence[np.ndarray], batch: int) -> list[np.ndarray]:
+    """`fn` over `arrays` stacked `batch` at a time among those of one shape; the results in input order."""
+    out: list[np.ndarray | None] = [None] * len(arrays)
+    for ks in _by_shape(arrays).values():
         for s in range(0, len(ks), batch):
             part = ks[s : s + batch]
-            z = ae.encode(np.stack([images[k] for k in part])).float().cpu().numpy()
-            for j, k in enumerate(part):
-                out[k] = z[j]
+            for k, y in zip(part, fn(np.stack([arrays[k] for k in part])), strict=True):
+                out[k] = y
     return out  # type: ignore[return-value]
+
+
+def encode(ae, images: Sequence[np.ndarray], batch: int) -> list[np.ndarray]:
+    """Each uint8 HxWx3 image's latent [C, h, w] (float32)."""
+    return _batched(lambda x: ae.encode(x).float().cpu().numpy(), images, batch)
 
 
 def decode(ae, latents: Sequence[np.ndarray], batch: int) -> list[np.ndarray]:
-    """Each latent's uint8 HxWx3 image, batched by shape."""
+    """Each latent's uint8 HxWx3 image."""
     import torch
 
-    out: list[np.ndarray | None] = [None] * len(latents)
-    for ks in _by_shape(latents).values():
-        for s in range(0, len(ks), batch):
-            part = ks[s : s + batch]
-            x = ae.decode(torch.from_numpy(np.stack([latents[k] for k in part]))).numpy()
-            for j, k in enumerate(part):
-                out[k] = x[j]
-    return out  # type: ignore[return-value]
+    return _batched(lambda z: ae.decode(torch.from_numpy(z)).numpy(), latents, batch)
 
 
 def round_trip(latent: np.ndarray, dtype: str) -> np.ndarray:

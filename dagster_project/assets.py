@@ -16,6 +16,7 @@ from dagster_project.resources import KilnResource
 from kiln.commands import OVERWRITE
 from kiln.ladder import rungs
 from kiln.lineage import default_config, node_code_version
+from kiln.memory import release_freed_memory
 from kiln.outputs import output_hash
 from kiln.registry import Node, asset_of, run_node, with_door
 
@@ -44,7 +45,9 @@ def materialize(node: Node, kiln: KilnResource, log) -> dg.MaterializeResult:
         ) from None
     out = kiln.path(node.folder)
     run = NodeRun(node, cfg, result, out, _inputs(node, kiln), kiln.path(EVAL_SET))
-    return dg.MaterializeResult(metadata=PAGES[node.page](run), data_version=dg.DataVersion(output_hash(out)))
+    page = PAGES[node.page](run)
+    release_freed_memory()  # `kiln run` runs every asset in one process: the next starts from what is live
+    return dg.MaterializeResult(metadata=page, data_version=dg.DataVersion(output_hash(out)))
 
 
 def _inputs(node: Node, kiln: KilnResource) -> dict:

@@ -61,3 +61,20 @@ def test_prefill_encodes_up_front_while_the_budget_lasts_and_the_steps_are_then_
     whole = TextCache(gen, capacity_mb=10)
     assert whole.prefill(CAPTIONS[:6], batch=4) == 6
     assert torch.equal(whole.batch(CAPTIONS[:3]).hidden, TextCache(gen, capacity_mb=10).batch(CAPTIONS[:3]).hidden)
+
+
+def test_prefilled_rows_share_one_slab_and_are_never_dropped(text_encoder_dir):
+    """Thousands of small row tensors between the encoder's temporaries fragment the C heap: the prefilled rows
+    are views of one buffer instead, and the least-recently-used eviction of later misses never takes them."""
+    gen = init_generator(micro_model_config(text_encoder_dir), 0)
+    one = TextCache(gen, capacity_mb=1)
+    one.batch(CAPTIONS[:1])
+    cache = TextCache(gen, capacity_mb=5.5 * one.held / 1e6)  # four prefilled rows and about one more
+    assert cache.prefill(CAPTIONS[:4], batch=3) == 4
+    storages = {row.hidden.untyped_storage().data_ptr() for row in cache.pinned.values()}
+    assert len(storages) == 1 and len(cache.rows) == 0
+    cache.batch(CAPTIONS[4:7])  # misses beyond the budget: the LRU part drops them, the pinned rows stay
+    assert set(cache.pinned) == set(CAPTIONS[:4]) and cache.held <= cache.capacity and len(cache.rows) <= 1
+    before = cache.encoded
+    cache.batch(CAPTIONS[:4])
+    assert cache.encoded == before  # every prefilled caption is still a hit
