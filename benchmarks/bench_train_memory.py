@@ -4,9 +4,10 @@ Each size is a train set of 128-px images in the pack stage's shard format (kiln
 pool of 400 rendered demo scenes (a larger set repeats the pool's images under new ids: the reader neither
 knows nor cares), trained for 12 steps in a fresh process with the demo's model settings. Reported: the
 process's peak RSS (ru_maxrss of the child), and, to say where the memory goes, the RSS of a process that only
-runs the same steps on random tensors already in memory (the floor every run pays: weights, optimiser
-state, activations). The figure that matters is the ratio
-of the largest set's peak to the smallest's (target: within 1.15).
+runs the same steps on random tensors already in memory (the floor every run pays: imports, weights,
+optimiser state, activations), and at the smallest size the same run with REPA off and with no caption
+prefill (what each adds). The figure that matters is the ratio of the largest set's peak to the smallest's
+(target: within 1.15).
 
     .venv/bin/python benchmarks/bench_train_memory.py [--rows 400 10000 100000] [--steps 12]
 """
@@ -24,6 +25,7 @@ from kiln.config import load_config
 
 SIDE = 128
 POOL = 400
+VARIANTS = {"repa_off": ["train.repa.teacher_path=null"], "no_prefill": ["train.text_prefill_rows=0"]}
 
 
 def build_set(root: Path, rows: int) -> Path:
@@ -86,6 +88,11 @@ def main() -> None:
             peak = peak_rss_mb(cmd)
             results["runs"].append({"rows": rows, "shards_mb": round(shard_mb, 1), "peak_rss_mb": round(peak, 1)})
             print(f"{rows:>8} rows ({shard_mb:8.1f} MB of shards): peak RSS {peak:8.1f} MB", flush=True)
+        smallest = Path(tmp) / f"set-{args.rows[0]}"
+        for name, extra in VARIANTS.items():
+            cmd = [kiln, "train", "--data", str(smallest), "--out", str(Path(tmp) / name), *overrides, *extra]
+            results[f"{name}_mb"] = round(peak_rss_mb(cmd), 1)
+            print(f"{args.rows[0]:>8} rows, {name}: peak RSS {results[f'{name}_mb']:8.1f} MB", flush=True)
     runs = results["runs"]
     results["largest_over_smallest"] = round(runs[-1]["peak_rss_mb"] / runs[0]["peak_rss_mb"], 3)
     print(json.dumps(results, indent=1))
