@@ -30,9 +30,9 @@ def load_autoencoder(path: str):
     """The autoencoder on the best device here (loaded once per process: the check and the encode share it)."""
     import torch
 
-    from model.autoencoder import KLAutoencoder
+    from model.autoencoder import load_vae
 
-    return KLAutoencoder(path, "cuda" if torch.cuda.is_available() else "cpu")
+    return load_vae(path, "cuda" if torch.cuda.is_available() else "cpu")
 
 
 def autoencoder_of(cfg: KilnConfig):

@@ -1,10 +1,11 @@
 """Autoencoder adapters: what the DiT sees instead of pixels.
 
-Both expose the same small interface: encode(uint8 [N, H, W, 3]) -> float [N, C, h, w] with roughly unit
-scale, decode(float) -> uint8 [N, H, W, 3], `latent_channels` and `downsample`. Pixel space (the demo) is
-the identity up to scaling to [-1, 1]; `KLAutoencoder` wraps diffusers' AutoencoderKL family by local path
-and normalises latents by the VAE's own statistics (per-channel latents_mean/std when the config has them,
-else shift_factor/scaling_factor). Encoding uses the posterior mode, so it is deterministic and cacheable.
+Each exposes the same small interface: encode(uint8 [N, H, W, 3]) -> float [N, C, h, w] with roughly unit
+scale, decode(float) -> uint8 [N, H, W, 3], `latent_channels`, `downsample` and `identity()`. Pixel space
+(the demo) is the identity up to scaling to [-1, 1]. `load_vae` reads a diffusers folder's `_class_name` and
+picks its adapter: AutoencoderKL (SD, SDXL, SD3, FLUX.1), AutoencoderKLFlux2 (FLUX.2) or AutoencoderKLQwenImage
+(Qwen-Image), each normalising latents as its own diffusers pipeline does; any other class is refused by name.
+Encoding uses the posterior mode, so it is deterministic and cacheable (docs/model.md, "Autoencoders").
 """
 
 from __future__ import annotations
@@ -66,18 +67,89 @@ class PixelAutoencoder:
         return "pixel"
 
 
-class KLAutoencoder:
-    """A frozen diffusers AutoencoderKL (SD/SDXL/FLUX/SD3 VAEs and relatives) loaded from a local folder."""
+def patchify2x2(z: Tensor) -> Tensor:
+    """[B, C, h, w] -> [B, 4C, h/2, w/2], channel c*4 + 2*dy + dx: FLUX.2's latent layout (its pipeline's own)."""
+    b, c, h, w = z.shape
+    return z.view(b, c, h // 2, 2, w // 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(b, c * 4, h // 2, w // 2)
+
+
+def unpatchify2x2(z: Tensor) -> Tensor:
+    b, c, h, w = z.shape
+    return z.reshape(b, c // 4, 2, 2, h, w).permute(0, 1, 4, 2, 5, 3).reshape(b, c // 4, h * 2, w * 2)
+
+
+VAE_ID_VERSION = "kiln-vae-2"  # bump when an adapter's formula changes: ids of latents written before then differ
+
+
+class DiffusersVAE:
+    """A frozen diffusers autoencoder from a local folder, as the DiT sees it: 4D latents of roughly unit scale
+    in the space the model's own diffusers pipeline trains in. A subclass per class (`cls_name`) says how."""
+
+    cls_name = ""
+    family = ""
 
     def __init__(self, path: str | Path, device: torch.device | str = "cpu"):
-        from diffusers import AutoencoderKL
+        import diffusers
 
         self.path = Path(path)
-        self.vae = AutoencoderKL.from_pretrained(str(self.path)).eval().requires_grad_(False).to(device)
-        cfg = self.vae.config
-        self.latent_channels = int(cfg.latent_channels)
+        vae = getattr(diffusers, self.cls_name).from_pretrained(str(self.path))
+        self.vae = vae.eval().requires_grad_(False).to(device)
+        self._identity: str | None = None
+        self._setup(self.vae.config)
+
+    def _setup(self, cfg) -> None:
+        """Set latent_channels, downsample and the normalisation statistics (float32, on the CPU)."""
+        raise NotImplementedError
+
+    def _encode(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _decode(self, z: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.vae.parameters()).device
+
+    def to(self, device: torch.device | str) -> "DiffusersVAE":
+        self.vae.to(device)
+        return self
+
+    @torch.no_grad()
+    def encode(self, images: np.ndarray | Tensor) -> Tensor:
+        return self._encode(from_uint8_nhwc(images, self.device).to(self.vae.dtype))
+
+    @torch.no_grad()
+    def decode(self, latents: Tensor) -> Tensor:
+        return to_uint8_nhwc(self._decode(latents.float().to(self.device)))
+
+    def identity(self) -> str:
+        """The class, the config (less diffusers' own `_` keys: the folder's path, the library's version) and
+        every weight and buffer: two VAEs differ here exactly when their latents can. Hashed once."""
+        if self._identity is None:
+            import json
+
+            h = hashlib.sha256(f"{VAE_ID_VERSION}|{self.family}".encode())
+            cfg = {k: v for k, v in dict(self.vae.config).items() if not k.startswith("_")}
+            h.update(json.dumps(cfg, sort_keys=True, default=str).encode())
+            for name, t in sorted(self.vae.state_dict().items()):
+                t = t.detach().cpu().contiguous()
+                h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+                h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+            self._identity = f"{self.family}-{h.hexdigest()[:16]}"
+        return self._identity
+
+
+class KLAutoencoder(DiffusersVAE):
+    """diffusers AutoencoderKL (SD, SDXL, SD3, FLUX.1): per-channel latents_mean/std when the config has them,
+    else (z - shift_factor) * scaling_factor as the FLUX.1 pipeline does. SDXL's pipeline also multiplies its
+    per-channel form by scaling_factor; kiln does not, for unit variance."""
+
+    cls_name, family = "AutoencoderKL", "kl"
+
+    def _setup(self, cfg) -> None:
+        self.latent_channels = c = int(cfg.latent_channels)
         self.downsample = 2 ** (len(cfg.block_out_channels) - 1)
-        c = self.latent_channels
         mean, std = getattr(cfg, "latents_mean", None), getattr(cfg, "latents_std", None)
         if mean is not None and std is not None:
             self.shift = torch.tensor(mean, dtype=torch.float32).view(1, c, 1, 1)
@@ -86,48 +158,106 @@ class KLAutoencoder:
             self.shift = torch.full((1, c, 1, 1), float(getattr(cfg, "shift_factor", None) or 0.0))
             self.scale = torch.full((1, c, 1, 1), float(getattr(cfg, "scaling_factor", 1.0)))
 
-    @property
-    def device(self) -> torch.device:
-        return next(self.vae.parameters()).device
-
-    def to(self, device: torch.device | str) -> "KLAutoencoder":
-        self.vae.to(device)
-        return self
-
-    @torch.no_grad()
-    def encode(self, images: np.ndarray | Tensor) -> Tensor:
-        x = from_uint8_nhwc(images, self.device).to(self.vae.dtype)
+    def _encode(self, x: Tensor) -> Tensor:
         z = self.vae.encode(x).latent_dist.mode().float()
         return (z - self.shift.to(z.device)) * self.scale.to(z.device)
 
-    @torch.no_grad()
-    def decode(self, latents: Tensor) -> Tensor:
-        z = latents.float().to(self.device) / self.scale.to(self.device) + self.shift.to(self.device)
-        return to_uint8_nhwc(self.vae.decode(z.to(self.vae.dtype)).sample)
-
-    def identity(self) -> str:
-        import json
-
-        blob = json.dumps(dict(self.vae.config), sort_keys=True, default=str)
-        return "kl-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
+    def _decode(self, z: Tensor) -> Tensor:
+        z = z / self.scale.to(z.device) + self.shift.to(z.device)
+        return self.vae.decode(z.to(self.vae.dtype)).sample
 
 
-def build_autoencoder(
-    kind: str, path: str | None, device: torch.device | str = "cpu"
-) -> PixelAutoencoder | KLAutoencoder:
+class Flux2Autoencoder(DiffusersVAE):
+    """diffusers AutoencoderKLFlux2 (FLUX.2): the posterior mode patchified 2x2, then normalised by the VAE's
+    batch-norm running statistics, as FLUX.2's pipeline does; the DiT sees 4x the VAE's channels at 2x its
+    downsample (128 channels at 16x for the released VAE), already patchified, so model.patch_size=1 there."""
+
+    cls_name, family = "AutoencoderKLFlux2", "flux2"
+
+    def _setup(self, cfg) -> None:
+        if tuple(cfg.patch_size) != (2, 2):
+            raise ValueError(f"{self.path}: AutoencoderKLFlux2 with patch_size {cfg.patch_size}: kiln handles (2, 2)")
+        self.latent_channels = 4 * int(cfg.latent_channels)
+        self.downsample = 2 * 2 ** (len(cfg.block_out_channels) - 1)
+        bn = self.vae.bn
+        self.mean = bn.running_mean.detach().float().cpu().view(1, -1, 1, 1)
+        self.std = torch.sqrt(bn.running_var.detach().float().cpu() + float(cfg.batch_norm_eps)).view(1, -1, 1, 1)
+
+    def _encode(self, x: Tensor) -> Tensor:
+        z = patchify2x2(self.vae.encode(x).latent_dist.mode().float())
+        return (z - self.mean.to(z.device)) / self.std.to(z.device)
+
+    def _decode(self, z: Tensor) -> Tensor:
+        z = unpatchify2x2(z * self.std.to(z.device) + self.mean.to(z.device))
+        return self.vae.decode(z.to(self.vae.dtype)).sample
+
+
+class QwenImageAutoencoder(DiffusersVAE):
+    """diffusers AutoencoderKLQwenImage (Qwen-Image): a causal video VAE run on one frame, normalised by the
+    config's per-channel latents_mean/std as Qwen-Image's pipeline does; the frame axis never leaves here."""
+
+    cls_name, family = "AutoencoderKLQwenImage", "qwenimage"
+
+    def _setup(self, cfg) -> None:
+        self.latent_channels = c = int(cfg.z_dim)
+        self.downsample = int(self.vae.spatial_compression_ratio)
+        if self.downsample != 2 ** (len(cfg.dim_mult) - 1):
+            raise ValueError(
+                f"{self.path}: temperal_downsample {cfg.temperal_downsample} and dim_mult {cfg.dim_mult} disagree on the downsample"
+            )
+        self.mean = torch.tensor(cfg.latents_mean, dtype=torch.float32).view(1, c, 1, 1)
+        self.std = torch.tensor(cfg.latents_std, dtype=torch.float32).view(1, c, 1, 1)
+
+    def _encode(self, x: Tensor) -> Tensor:
+        z = self.vae.encode(x.unsqueeze(2)).latent_dist.mode().float()[:, :, 0]
+        return (z - self.mean.to(z.device)) / self.std.to(z.device)
+
+    def _decode(self, z: Tensor) -> Tensor:
+        z = z * self.std.to(z.device) + self.mean.to(z.device)
+        return self.vae.decode(z.unsqueeze(2).to(self.vae.dtype)).sample[:, :, 0]
+
+
+VAE_CLASSES: dict[str, type[DiffusersVAE]] = {
+    c.cls_name: c for c in (KLAutoencoder, Flux2Autoencoder, QwenImageAutoencoder)
+}
+
+
+def vae_class_name(path: str | Path) -> str | None:
+    """The `_class_name` of a diffusers folder's config.json (None when it has none)."""
+    import json
+
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"{path}: no config.json (not a diffusers model folder)")
+    return json.loads(config.read_text()).get("_class_name")
+
+
+def load_vae(path: str | Path, device: torch.device | str = "cpu") -> DiffusersVAE:
+    """The adapter for the folder's own class, read from its config.json before anything loads: diffusers
+    would load a FLUX.2 VAE through AutoencoderKL with warnings only, and train on the wrong latents."""
+    name = vae_class_name(path)
+    if name not in VAE_CLASSES:
+        raise ValueError(
+            f"{path}: config.json _class_name is {name!r}; kiln's autoencoders are {', '.join(sorted(VAE_CLASSES))} "
+            "(refused rather than loaded as another class)"
+        )
+    return VAE_CLASSES[name](path, device)
+
+
+def build_autoencoder(kind: str, path: str | None, device: torch.device | str = "cpu") -> Autoencoder:
     if kind == "pixel":
         return PixelAutoencoder(device)
     if kind == "kl":
         if path is None:
-            raise ValueError("model.autoencoder=kl needs model.autoencoder_path (a diffusers AutoencoderKL folder)")
-        return KLAutoencoder(path, device)
+            raise ValueError("model.autoencoder=kl needs model.autoencoder_path (a diffusers VAE folder)")
+        return load_vae(path, device)
     raise ValueError(f"unknown autoencoder {kind!r}")
 
 
 class LatentCache:
     """Latents on disk, one safetensors file per image, keyed by sha256(autoencoder identity, image bytes)."""
 
-    def __init__(self, root: str | Path, autoencoder: PixelAutoencoder | KLAutoencoder):
+    def __init__(self, root: str | Path, autoencoder: Autoencoder):
         self.ae = autoencoder
         self.root = Path(root) / autoencoder.identity()
         self.root.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from kiln.config import ModelConfig
 from model.attention import gelu_hidden
-from model.autoencoder import KLAutoencoder, PixelAutoencoder, build_autoencoder
+from model.autoencoder import Autoencoder, build_autoencoder
 from model.dit import DiT, DiTConfig
 from model.reference import ReferenceBatch, ReferencePathway
 from model.sizes import get_size
@@ -58,7 +58,7 @@ class Generator(nn.Module):
         cfg: ModelConfig,
         dit_cfg: DiTConfig,
         backbone: TextBackbone,
-        autoencoder: PixelAutoencoder | KLAutoencoder,
+        autoencoder: Autoencoder,
     ):
         super().__init__()
         if autoencoder.latent_channels != dit_cfg.in_channels:

@@ -71,6 +71,53 @@ def write_tiny_autoencoder_kl(
     return d
 
 
+TINY_VAE_BLOCKS = {
+    "down_block_types": ("DownEncoderBlock2D", "DownEncoderBlock2D"),
+    "up_block_types": ("UpDecoderBlock2D", "UpDecoderBlock2D"),
+    "block_out_channels": (8, 16),
+    "layers_per_block": 1,
+    "norm_num_groups": 4,
+    "sample_size": 32,
+}
+
+
+def write_tiny_autoencoder_flux2(directory: str | Path, latent_channels: int = 4, seed: int = 0) -> Path:
+    """A random diffusers AutoencoderKLFlux2 (VAE downsample 2; 4x the channels at 4x once patchified) with
+    batch-norm statistics far from (0, 1), so a loader that ignores them gives other latents."""
+    import torch
+    from diffusers import AutoencoderKLFlux2
+
+    torch.manual_seed(seed)
+    vae = AutoencoderKLFlux2(in_channels=3, out_channels=3, latent_channels=latent_channels, **TINY_VAE_BLOCKS)
+    n = 4 * latent_channels
+    with torch.no_grad():
+        vae.bn.running_mean.copy_(torch.linspace(-0.5, 0.5, n))
+        vae.bn.running_var.copy_(torch.linspace(0.5, 2.0, n))
+    d = Path(directory)
+    vae.eval().save_pretrained(str(d))
+    return d
+
+
+def write_tiny_autoencoder_qwenimage(directory: str | Path, z_dim: int = 4, seed: int = 0) -> Path:
+    """A random diffusers AutoencoderKLQwenImage (downsample 2) with per-channel latent statistics."""
+    import torch
+    from diffusers import AutoencoderKLQwenImage
+
+    torch.manual_seed(seed)
+    vae = AutoencoderKLQwenImage(
+        base_dim=8,
+        z_dim=z_dim,
+        dim_mult=[1, 2],
+        num_res_blocks=1,
+        temperal_downsample=[False],
+        latents_mean=[0.1 * i for i in range(z_dim)],
+        latents_std=[1.0 + 0.5 * i for i in range(z_dim)],
+    )
+    d = Path(directory)
+    vae.eval().save_pretrained(str(d))
+    return d
+
+
 def micro_model_config(text_encoder_dir: str | Path, **overrides) -> ModelConfig:
     """The `micro` DiT over a tiny text encoder: milliseconds per forward, for unit tests."""
     te = TextEncoderConfig(path=str(text_encoder_dir), max_length=16, layers=[-1, -2, -3], refiner_layers=1)
