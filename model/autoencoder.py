@@ -97,6 +97,11 @@ class DiffusersVAE:
         self._identity: str | None = None
         self._setup(self.vae.config)
 
+    @staticmethod
+    def channels(config: dict) -> int:
+        """The latent channels the DiT sees, from the folder's config.json alone (no weights loaded)."""
+        raise NotImplementedError
+
     def _setup(self, cfg) -> None:
         """Set latent_channels, downsample and the normalisation statistics (float32, on the CPU)."""
         raise NotImplementedError
@@ -147,8 +152,12 @@ class KLAutoencoder(DiffusersVAE):
 
     cls_name, family = "AutoencoderKL", "kl"
 
+    @staticmethod
+    def channels(config: dict) -> int:
+        return int(config.get("latent_channels", 4))
+
     def _setup(self, cfg) -> None:
-        self.latent_channels = c = int(cfg.latent_channels)
+        self.latent_channels = c = self.channels(dict(cfg))
         self.downsample = 2 ** (len(cfg.block_out_channels) - 1)
         mean, std = getattr(cfg, "latents_mean", None), getattr(cfg, "latents_std", None)
         if mean is not None and std is not None:
@@ -174,10 +183,14 @@ class Flux2Autoencoder(DiffusersVAE):
 
     cls_name, family = "AutoencoderKLFlux2", "flux2"
 
+    @staticmethod
+    def channels(config: dict) -> int:
+        return 4 * int(config.get("latent_channels", 32))
+
     def _setup(self, cfg) -> None:
         if tuple(cfg.patch_size) != (2, 2):
             raise ValueError(f"{self.path}: AutoencoderKLFlux2 with patch_size {cfg.patch_size}: kiln handles (2, 2)")
-        self.latent_channels = 4 * int(cfg.latent_channels)
+        self.latent_channels = self.channels(dict(cfg))
         self.downsample = 2 * 2 ** (len(cfg.block_out_channels) - 1)
         bn = self.vae.bn
         self.mean = bn.running_mean.detach().float().cpu().view(1, -1, 1, 1)
@@ -198,8 +211,12 @@ class QwenImageAutoencoder(DiffusersVAE):
 
     cls_name, family = "AutoencoderKLQwenImage", "qwenimage"
 
+    @staticmethod
+    def channels(config: dict) -> int:
+        return int(config.get("z_dim", 16))
+
     def _setup(self, cfg) -> None:
-        self.latent_channels = c = int(cfg.z_dim)
+        self.latent_channels = c = self.channels(dict(cfg))
         self.downsample = int(self.vae.spatial_compression_ratio)
         if self.downsample != 2 ** (len(cfg.dim_mult) - 1):
             raise ValueError(
@@ -222,26 +239,39 @@ VAE_CLASSES: dict[str, type[DiffusersVAE]] = {
 }
 
 
-def vae_class_name(path: str | Path) -> str | None:
-    """The `_class_name` of a diffusers folder's config.json (None when it has none)."""
+def _vae_config(path: str | Path) -> dict:
     import json
 
     config = Path(path) / "config.json"
     if not config.is_file():
         raise FileNotFoundError(f"{path}: no config.json (not a diffusers model folder)")
-    return json.loads(config.read_text()).get("_class_name")
+    return json.loads(config.read_text())
 
 
-def load_vae(path: str | Path, device: torch.device | str = "cpu") -> DiffusersVAE:
-    """The adapter for the folder's own class, read from its config.json before anything loads: diffusers
-    would load a FLUX.2 VAE through AutoencoderKL with warnings only, and train on the wrong latents."""
-    name = vae_class_name(path)
+def vae_class(path: str | Path) -> type[DiffusersVAE]:
+    """The adapter for a diffusers folder's own class, read from its config.json: diffusers would load a FLUX.2
+    VAE through AutoencoderKL with warnings only, and train on the wrong latents; any class kiln does not
+    handle is refused by name."""
+    name = _vae_config(path).get("_class_name")
     if name not in VAE_CLASSES:
         raise ValueError(
             f"{path}: config.json _class_name is {name!r}; kiln's autoencoders are {', '.join(sorted(VAE_CLASSES))} "
             "(refused rather than loaded as another class)"
         )
-    return VAE_CLASSES[name](path, device)
+    return VAE_CLASSES[name]
+
+
+def load_vae(path: str | Path, device: torch.device | str = "cpu") -> DiffusersVAE:
+    return vae_class(path)(path, device)
+
+
+def latent_channels_of(kind: str, path: str | None) -> int:
+    """What the DiT's input channels must be for this autoencoder, without loading it."""
+    if kind == "pixel":
+        return PixelAutoencoder.latent_channels
+    if path is None:
+        raise ValueError("model.autoencoder=kl needs model.autoencoder_path (a diffusers VAE folder)")
+    return vae_class(path).channels(_vae_config(path))
 
 
 def build_autoencoder(kind: str, path: str | None, device: torch.device | str = "cpu") -> Autoencoder:

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from kiln.config import ModelConfig
 from model.attention import gelu_hidden
-from model.autoencoder import Autoencoder, build_autoencoder
+from model.autoencoder import Autoencoder, build_autoencoder, latent_channels_of
 from model.dit import DiT, DiTConfig
 from model.reference import ReferenceBatch, ReferencePathway
 from model.sizes import get_size
@@ -38,7 +38,7 @@ def resolve_dit_config(cfg: ModelConfig, in_channels: int | None = None) -> DiTC
         kv_heads=kv_heads,
         mlp_hidden=size.mlp_hidden if cfg.mlp == "swiglu" else gelu_hidden(size.width),
         patch_size=cfg.patch_size,
-        in_channels=in_channels if in_channels is not None else cfg.in_channels,
+        in_channels=in_channels or cfg.in_channels or latent_channels_of(cfg.autoencoder, cfg.autoencoder_path),
         modulation=cfg.modulation,
         timestep_tokens=cfg.timestep_tokens,
         pad_to_multiple=cfg.pad_to_multiple,

@@ -121,6 +121,6 @@ def write_tiny_autoencoder_qwenimage(directory: str | Path, z_dim: int = 4, seed
 def micro_model_config(text_encoder_dir: str | Path, **overrides) -> ModelConfig:
     """The `micro` DiT over a tiny text encoder: milliseconds per forward, for unit tests."""
     te = TextEncoderConfig(path=str(text_encoder_dir), max_length=16, layers=[-1, -2, -3], refiner_layers=1)
-    fields = {"size": "micro", "patch_size": 2, "in_channels": 3, "pad_to_multiple": 16, "text_encoder": te}
+    fields = {"size": "micro", "patch_size": 2, "pad_to_multiple": 16, "text_encoder": te}
     fields.update(overrides)
     return ModelConfig(**fields)

@@ -99,3 +99,20 @@ def test_the_identity_follows_the_weights_and_statistics_not_the_folder(tmp_path
     other._identity = None
     assert other.identity() != load_vae(first).identity()
     assert load_vae(write_tiny_autoencoder_flux2(tmp_path / "b", seed=1)).identity() != load_vae(first).identity()
+
+
+@pytest.mark.parametrize(
+    ("write", "channels"),
+    [(write_tiny_autoencoder_kl, 4), (write_tiny_autoencoder_flux2, 16), (write_tiny_autoencoder_qwenimage, 4)],
+)
+def test_the_dits_input_channels_follow_the_vae_when_unset(tmp_path, text_encoder_dir, write, channels):
+    from model.generator import Generator, resolve_dit_config
+    from model.testing import micro_model_config
+
+    vae = write(tmp_path / "vae")
+    cfg = micro_model_config(text_encoder_dir, autoencoder="kl", autoencoder_path=str(vae))
+    assert resolve_dit_config(cfg).in_channels == channels == Generator.build(cfg).dit_cfg.in_channels
+    with pytest.raises(ValueError, match="latent channels"):  # a value set by hand must agree
+        Generator.build(
+            micro_model_config(text_encoder_dir, autoencoder="kl", autoencoder_path=str(vae), in_channels=channels + 1)
+        )

@@ -49,9 +49,14 @@ class ReferenceConfig(Strict):
 class ModelConfig(Strict):
     size: str = Field("tiny", description="a name from model.sizes.SIZES")
     patch_size: int = Field(2, ge=1, le=64)
-    in_channels: int = Field(3, ge=1, le=1024)
+    in_channels: int | None = Field(
+        None, ge=1, le=1024, description="the DiT's input channels; None = the autoencoder's latent channels"
+    )
     autoencoder: Literal["pixel", "kl"] = "pixel"
-    autoencoder_path: str | None = Field(None, description="diffusers AutoencoderKL folder (autoencoder=kl)")
+    autoencoder_path: str | None = Field(
+        None,
+        description="a diffusers VAE folder (autoencoder=kl): AutoencoderKL, AutoencoderKLFlux2 or AutoencoderKLQwenImage",
+    )
     latent_cache_dir: str | None = Field(None, description="cache autoencoder latents here")
     modulation: Literal["light", "adaln", "none"] = Field(
         "light",
