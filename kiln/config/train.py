@@ -114,6 +114,19 @@ class RepaConfig(Strict):
     )
     hidden: int = Field(256, ge=1, le=2**18, description="projector hidden width")
 
+    @model_validator(mode="after")
+    def _a_teacher_for_its_settings(self) -> "RepaConfig":
+        """Settings for a REPA that has no teacher would leave it off without a word (the 256-px rung once did)."""
+        if self.teacher_path is None:
+            fields = type(self).model_fields
+            changed = sorted(k for k in fields if k != "teacher_path" and getattr(self, k) != fields[k].default)
+            if changed:
+                raise ValueError(
+                    f"sets {', '.join(changed)} but no teacher_path, so REPA would be off: name the teacher "
+                    "(an HF vision model folder, or `classical`) or drop the settings"
+                )
+        return self
+
 
 class RouteConfig(Strict):
     """TREAD-style token routing, training only: a random share of the image tokens skips blocks [start, end)."""
