@@ -71,6 +71,44 @@ class TextBatch:
         return TextBatch(d["hidden"], d["mask"].bool())
 
 
+# model_type -> how to build only the text encoder from a (possibly whole) checkpoint: AutoModel would build
+# T5's decoder too (and kiln's call then fails), and Qwen3-VL's vision tower
+ENCODER_ONLY = {
+    "t5": ("T5EncoderModel", {}),
+    "umt5": ("UMT5EncoderModel", {}),
+    "t5gemma": ("T5GemmaEncoderModel", {"is_encoder_decoder": False}),
+    "qwen3_vl": ("Qwen3VLTextModel", {"key_mapping": {r"^model\.language_model\.": ""}}),
+}
+NOT_TEXT = ("dinov2", "dinov3_vit", "siglip_vision_model", "clip_vision_model", "vit")  # vision towers
+
+
+def load_text_model(path: str | Path):
+    """The frozen text tower of the HF folder at `path`: the encoder alone of an encoder-decoder, the language
+    model alone of a VLM, else AutoModel's. Refuses a folder of another slot (a diffusers model, a vision tower)
+    and any load that leaves a weight of the tower uninitialised, naming the key and the class found."""
+    import transformers
+
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{path}: no config.json (not a Hugging Face model folder)")
+    config = json.loads(config_file.read_text())
+    model_type = config.get("model_type")
+    if "_class_name" in config or model_type in NOT_TEXT:
+        found = config.get("_class_name") or model_type
+        raise ValueError(f"{path}: model.text_encoder.path names a {found} folder, not a text model")
+    cls_name, kwargs = ENCODER_ONLY.get(model_type, ("AutoModel", {}))
+    model, info = getattr(transformers, cls_name).from_pretrained(
+        str(path), dtype=torch.float32, output_loading_info=True, **kwargs
+    )
+    if info["missing_keys"]:
+        missing = sorted(info["missing_keys"])
+        raise ValueError(
+            f"{path}: {cls_name} left {len(missing)} weights uninitialised ({', '.join(missing[:3])}, ...): "
+            f"the folder's {model_type} checkpoint does not hold this text tower"
+        )
+    return model.eval().requires_grad_(False)
+
+
 class TextBackbone:
     """A frozen HF text model + tokenizer. Not an nn.Module on purpose: the Generator holds it by reference,
     so it is never in the trainable parameters, the optimiser or the saved weights."""
@@ -78,11 +116,11 @@ class TextBackbone:
     def __init__(
         self, path: str | Path | None, layers: list[int], max_length: int, cache_dir: str | Path | None = None
     ):
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoTokenizer
 
         self.path = Path(path) if path is not None else default_text_encoder_path()
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
-        self.model = AutoModel.from_pretrained(str(self.path)).eval().requires_grad_(False)
+        self.model = load_text_model(self.path)
         n_states = self._num_hidden_layers() + 1  # hidden_states includes the embedding output
         for i in layers:
             if not -n_states <= i < n_states:
@@ -92,8 +130,9 @@ class TextBackbone:
         self.cache = TextEmbeddingCache(Path(cache_dir), self.identity()) if cache_dir else None
 
     def _config(self):
+        """The tower's own config: a VLM's text_config, an encoder-decoder's encoder (T5Gemma keeps its sizes there)."""
         cfg = self.model.config
-        return getattr(cfg, "text_config", None) or cfg
+        return getattr(cfg, "text_config", None) or getattr(cfg, "encoder", None) or cfg
 
     def _num_hidden_layers(self) -> int:
         return self._config().num_hidden_layers
