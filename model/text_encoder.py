@@ -162,7 +162,9 @@ class TextBackbone:
         out = self.model(input_ids=tok["input_ids"], attention_mask=tok["attention_mask"], output_hidden_states=True)
         states = out.hidden_states
         hidden = torch.stack([states[i] for i in self.layers], dim=1).float()
-        return TextBatch(hidden, tok["attention_mask"].bool())
+        mask = tok["attention_mask"].bool()
+        mask[~mask.any(dim=1), 0] = True  # "" with no BOS (Qwen) has no token: its first position stands in, as
+        return TextBatch(hidden, mask)  # T5's </s> does, so the text refiner's attention always has a key
 
     def encode(self, prompts: list[str]) -> TextBatch:
         """Hidden states for each prompt, padded to max_length; through the disk cache when configured."""

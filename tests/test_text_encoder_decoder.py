@@ -1,7 +1,8 @@
 """A decoder-only text backbone (Qwen2 / Qwen3 `AutoModel` from a folder) through kiln's own path: loaded from
 `model.text_encoder.path`, its causal states of the configured layers are the HF model's own for the caption's
 tokens, whatever padding the batch adds on either side (the mask reaches the model), through the trainer's
-TextCache too; and the empty caption, zero tokens for a tokenizer with no BOS, still gives a finite velocity."""
+TextCache too; and the empty caption, zero tokens for a tokenizer with no BOS, keeps one position (the text
+refiner's attention needs a key; the cache and null_text then agree) and gives a finite velocity."""
 
 import json
 
@@ -93,11 +94,14 @@ def test_caption_states_are_the_models_own_whatever_the_padding(decoder):
                     torch.testing.assert_close(text.hidden[k][:, mask], want, atol=1e-5, rtol=rtol)
 
 
-def test_the_empty_caption_gives_a_finite_velocity(decoder):
+def test_the_empty_caption_keeps_one_position_and_gives_a_finite_velocity(decoder):
     directory, _, _ = decoder
     gen = init_generator(micro_model_config(directory), 0).eval()
     null = gen.null_text(2)
-    assert not null.mask.any()  # no BOS: the empty caption is all padding
+    assert null.mask.sum(dim=1).tolist() == [1, 1]  # no BOS gives "" no token: its first position stands in
+    cached = TextCache(gen, capacity_mb=1).batch([""])
+    kept = cached.hidden[:, :, :1]  # the model never sees the rest (masked)
+    assert torch.equal(cached.mask, null.mask[:1]) and torch.equal(kept, null.hidden[:1, :, :1].bfloat16().float())
     x, t = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0)), torch.tensor([0.2, 0.8])
     with torch.no_grad():
         v = gen(x, t, null)
