@@ -83,7 +83,7 @@ class Generator(nn.Module):
     @classmethod
     def build(cls, cfg: ModelConfig, dit_cfg: DiTConfig | None = None) -> "Generator":
         te = cfg.text_encoder
-        backbone = TextBackbone(te.path, te.layers, te.max_length, te.cache_dir)
+        backbone = TextBackbone(te.path, te.layers, te.max_length, te.cache_dir, getattr(torch, te.dtype))
         autoencoder = build_autoencoder(cfg.autoencoder, cfg.autoencoder_path)
         return cls(cfg, dit_cfg or resolve_dit_config(cfg), backbone, autoencoder)
 

@@ -82,7 +82,7 @@ ENCODER_ONLY = {
 NOT_TEXT = ("dinov2", "dinov3_vit", "siglip_vision_model", "clip_vision_model", "vit")  # vision towers
 
 
-def load_text_model(path: str | Path):
+def load_text_model(path: str | Path, dtype: torch.dtype = torch.float32):
     """The frozen text tower of the HF folder at `path`: the encoder alone of an encoder-decoder, the language
     model alone of a VLM, else AutoModel's. Refuses a folder of another slot (a diffusers model, a vision tower)
     and any load that leaves a weight of the tower uninitialised, naming the key and the class found."""
@@ -98,7 +98,7 @@ def load_text_model(path: str | Path):
         raise ValueError(f"{path}: model.text_encoder.path names a {found} folder, not a text model")
     cls_name, kwargs = ENCODER_ONLY.get(model_type, ("AutoModel", {}))
     model, info = getattr(transformers, cls_name).from_pretrained(
-        str(path), dtype=torch.float32, output_loading_info=True, **kwargs
+        str(path), dtype=dtype, output_loading_info=True, **kwargs
     )
     if info["missing_keys"]:
         missing = sorted(info["missing_keys"])
@@ -114,13 +114,18 @@ class TextBackbone:
     so it is never in the trainable parameters, the optimiser or the saved weights."""
 
     def __init__(
-        self, path: str | Path | None, layers: list[int], max_length: int, cache_dir: str | Path | None = None
+        self,
+        path: str | Path | None,
+        layers: list[int],
+        max_length: int,
+        cache_dir: str | Path | None = None,
+        dtype: torch.dtype = torch.float32,
     ):
         from transformers import AutoTokenizer
 
         self.path = Path(path) if path is not None else default_text_encoder_path()
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
-        self.model = load_text_model(self.path)
+        self.model = load_text_model(self.path, dtype)
         n_states = self._num_hidden_layers() + 1  # hidden_states includes the embedding output
         for i in layers:
             if not -n_states <= i < n_states:

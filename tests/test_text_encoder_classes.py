@@ -112,3 +112,10 @@ def test_a_folder_of_another_slot_is_refused_by_name(tmp_path):
     (tmp_path / "dino" / "config.json").write_text(json.dumps({"model_type": "dinov2"}))
     with pytest.raises(ValueError, match="names a dinov2 folder"):
         load_text_model(tmp_path / "dino")
+
+
+def test_the_encoders_weights_load_in_the_configured_dtype(tmp_path):
+    write_t5(tmp_path, "t5")
+    backbone = TextBackbone(tmp_path, layers=[-1], max_length=8, dtype=torch.bfloat16)
+    assert next(backbone.model.parameters()).dtype == torch.bfloat16  # half the memory of a large encoder
+    assert backbone.encode(["a red circle"]).hidden.dtype == torch.float32  # what the DiT's fusion takes

@@ -23,6 +23,10 @@ class TextEncoderConfig(Strict):
     )
     refiner_layers: int = Field(1, ge=0, le=128, description="bidirectional transformer layers over the fused tokens")
     cache_dir: str | None = Field(None, description="cache text embeddings here")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="the frozen encoder's weights: bfloat16 halves a multi-billion-parameter encoder on a GPU; a CPU runs it many times slower",
+    )
 
 
 class ReferenceConfig(Strict):
