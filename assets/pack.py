@@ -3,7 +3,8 @@
 Each image is decoded once, assigned the aspect-ratio bucket nearest its own (aspect = width / height),
 resized so that it covers the bucket and centre-cropped to it, and encoded again (`data.pack.image_format`,
 lossless PNG by default) into the train set's WebDataset shards (kiln.trainshards), which the trainer
-streams. Bucket sides are multiples of 8 (patch sizes 2 and 4 both divide them) at about `resolution**2` pixels.
+streams. Bucket sides are multiples of `side_step`: 8, and whole DiT tokens (the autoencoder's downsample x
+model.patch_size: 16 for FLUX.2's VAE), at about `resolution**2` pixels.
 
 The order is fixed here, not in the data loader: rows are shuffled with `cfg.data.pack.seed`, cut
 into batches per bucket (a bucket's last batch may be smaller: nothing is dropped), and the batches
@@ -42,6 +43,7 @@ from kiln.stage import Rejects, Stage, StageOutput
 from kiln.threads import ordered_map
 from kiln.trainshards import MANIFEST, Sample, encode_image, encode_latent, holdout_ids, write_train_set
 from kiln.uri import read_bytes
+from model.autoencoder import token_side
 
 SIDE_STEP = 8
 
@@ -60,18 +62,25 @@ class Bucket:
         return self.width / self.height
 
 
-def _round_side(x: float) -> int:
-    return max(SIDE_STEP, int(math.floor(x / SIDE_STEP + 0.5)) * SIDE_STEP)
+def side_step(cfg: KilnConfig) -> int:
+    """What every bucket side is a multiple of: 8, and the DiT's token side in pixels, so a bucket is whole
+    tokens in the model's latent space (model.autoencoder.token_side, read from the VAE's config.json)."""
+    m = cfg.model
+    return math.lcm(SIDE_STEP, token_side(m.autoencoder, m.autoencoder_path, m.patch_size))
 
 
-def bucket_for(aspect: float, resolution: int) -> Bucket:
-    """Sides that are multiples of 8 with about resolution**2 pixels; matching the aspect counts double.
+def _round_side(x: float, step: int) -> int:
+    return max(step, int(math.floor(x / step + 0.5)) * step)
+
+
+def bucket_for(aspect: float, resolution: int, step: int = SIDE_STEP) -> Bucket:
+    """Sides that are multiples of `step` with about resolution**2 pixels; matching the aspect counts double.
 
     At resolution 32: 1.0 -> 32x32, 2.0 -> 24x48, 0.5 -> 48x24, 1.333 -> 24x32.
     """
     best: tuple[float, int, Bucket] | None = None
-    for h in range(SIDE_STEP, 4 * resolution + 1, SIDE_STEP):
-        b = Bucket(h, _round_side(h * aspect))
+    for h in range(step, 4 * resolution + 1, step):
+        b = Bucket(h, _round_side(h * aspect, step))
         cost = 2 * abs(math.log(b.aspect / aspect)) + abs(math.log(b.height * b.width / resolution**2))
         if best is None or (cost, h) < best[:2]:
             best = (cost, h, b)
@@ -79,9 +88,9 @@ def bucket_for(aspect: float, resolution: int) -> Bucket:
     return best[2]
 
 
-def buckets_for(aspects: list[float], resolution: int) -> list[Bucket]:
+def buckets_for(aspects: list[float], resolution: int, step: int = SIDE_STEP) -> list[Bucket]:
     """The distinct buckets of the configured aspect ratios, narrowest first."""
-    return sorted({bucket_for(a, resolution) for a in aspects}, key=lambda b: (b.aspect, b.height))
+    return sorted({bucket_for(a, resolution, step) for a in aspects}, key=lambda b: (b.aspect, b.height))
 
 
 def nearest_bucket(width: int, height: int, buckets: list[Bucket]) -> Bucket:
@@ -193,7 +202,7 @@ def pack_rows(table: pa.Table, cfg: KilnConfig, stage: str = "pack") -> StageOut
     bucket and crop kept, and the stream order drawn; no pixels are kept (write_pack encodes them), so memory
     is the rows' metadata, not their images."""
     pc = cfg.data.pack
-    buckets = buckets_for(pc.aspect_buckets, pc.resolution)
+    buckets = buckets_for(pc.aspect_buckets, pc.resolution, side_step(cfg))
     table = table.take(pac.sort_indices(table, [("id", "ascending")]))  # input order must not matter
     rejects = Rejects(stage)
     in_mix = mix_ids(pc.mix_file)
@@ -256,7 +265,7 @@ def packed_samples(kept: pa.Table, cfg: KilnConfig, held: dict[str, tuple[bytes,
     no pixels), a packed batch at a time in `cluster.workers` threads, and, with latents, one autoencoder
     forward per packed batch (one bucket). The held-out rows' (image, latent) land in `held`."""
     pc = cfg.data.pack
-    buckets = buckets_for(pc.aspect_buckets, pc.resolution)
+    buckets = buckets_for(pc.aspect_buckets, pc.resolution, side_step(cfg))
     by_name = {b.name: b for b in buckets}
 
     def batch_of(rows: list[dict]) -> list[Sample]:

@@ -15,11 +15,13 @@ import functools
 @functools.cache
 def _libc():
     name = ctypes.util.find_library("c")
+    if not name:
+        return None
     try:
-        libc = ctypes.CDLL(name) if name else None
+        libc = ctypes.CDLL(name)
     except OSError:
         return None
-    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+    return libc if hasattr(libc, "malloc_trim") else None
 
 
 def release_freed_memory() -> bool:

@@ -215,6 +215,10 @@ EVAL_PARAMS = (
 )
 
 
+# what the pack stage reads of the model: whole-token bucket sides (assets.pack.side_step)
+PACK_MODEL_PARAMS = ("model.autoencoder", "model.autoencoder_path", "model.patch_size")
+
+
 def rung_nodes(r: Rung) -> list[Node]:
     """A rung's train set (the pack stage over rewritten at the rung's resolution and mix) and its checkpoint
     (the trainer on it, from the previous rung's weights)."""
@@ -223,7 +227,7 @@ def rung_nodes(r: Rung) -> list[Node]:
         r.train_set,
         "stage",
         (("input", ("rewritten",)),),
-        ("data.pack", "ladder", "train"),
+        ("data.pack", "ladder", "train", *PACK_MODEL_PARAMS),
         group,
         f"`kiln stage pack` over rewritten for the {r.name} rung: its resolution, its mix, the coverage weights; packed by aspect bucket.",
         positional=("pack",),

@@ -102,6 +102,11 @@ class DiffusersVAE:
         """The latent channels the DiT sees, from the folder's config.json alone (no weights loaded)."""
         raise NotImplementedError
 
+    @staticmethod
+    def downsample_of(config: dict) -> int:
+        """Pixels per latent side, from config.json alone (what `downsample` will be once loaded)."""
+        raise NotImplementedError
+
     def _setup(self, cfg) -> None:
         """Set latent_channels, downsample and the normalisation statistics (float32, on the CPU)."""
         raise NotImplementedError
@@ -156,9 +161,13 @@ class KLAutoencoder(DiffusersVAE):
     def channels(config: dict) -> int:
         return int(config.get("latent_channels", 4))
 
+    @staticmethod
+    def downsample_of(config: dict) -> int:
+        return 2 ** (len(config.get("block_out_channels", [64])) - 1)
+
     def _setup(self, cfg) -> None:
         self.latent_channels = c = self.channels(dict(cfg))
-        self.downsample = 2 ** (len(cfg.block_out_channels) - 1)
+        self.downsample = self.downsample_of(dict(cfg))
         mean, std = getattr(cfg, "latents_mean", None), getattr(cfg, "latents_std", None)
         if mean is not None and std is not None:
             self.shift = torch.tensor(mean, dtype=torch.float32).view(1, c, 1, 1)
@@ -187,11 +196,15 @@ class Flux2Autoencoder(DiffusersVAE):
     def channels(config: dict) -> int:
         return 4 * int(config.get("latent_channels", 32))
 
+    @staticmethod
+    def downsample_of(config: dict) -> int:
+        return 2 * 2 ** (len(config.get("block_out_channels", [128])) - 1)  # the 2x2 patchify doubles it
+
     def _setup(self, cfg) -> None:
         if tuple(cfg.patch_size) != (2, 2):
             raise ValueError(f"{self.path}: AutoencoderKLFlux2 with patch_size {cfg.patch_size}: kiln handles (2, 2)")
         self.latent_channels = self.channels(dict(cfg))
-        self.downsample = 2 * 2 ** (len(cfg.block_out_channels) - 1)
+        self.downsample = self.downsample_of(dict(cfg))
         bn = self.vae.bn
         self.mean = bn.running_mean.detach().float().cpu().view(1, -1, 1, 1)
         self.std = torch.sqrt(bn.running_var.detach().float().cpu() + float(cfg.batch_norm_eps)).view(1, -1, 1, 1)
@@ -214,6 +227,10 @@ class QwenImageAutoencoder(DiffusersVAE):
     @staticmethod
     def channels(config: dict) -> int:
         return int(config.get("z_dim", 16))
+
+    @staticmethod
+    def downsample_of(config: dict) -> int:
+        return 2 ** len(config.get("temperal_downsample", [False, True, True]))  # diffusers' spatial_compression_ratio
 
     def _setup(self, cfg) -> None:
         self.latent_channels = c = self.channels(dict(cfg))
@@ -272,6 +289,17 @@ def latent_channels_of(kind: str, path: str | None) -> int:
     if path is None:
         raise ValueError("model.autoencoder=kl needs model.autoencoder_path (a diffusers VAE folder)")
     return vae_class(path).channels(_vae_config(path))
+
+
+def token_side(kind: str, path: str | None, patch_size: int) -> int:
+    """Pixels per side of one DiT token: the autoencoder's downsample x the DiT's patch size (FLUX.2's VAE at
+    patch 1: 16; FLUX.1's at patch 2: 16; pixel space at patch 4: 4), from config.json alone. Every bucket
+    side must be a multiple of it."""
+    if kind == "pixel":
+        return patch_size
+    if path is None:
+        raise ValueError("model.autoencoder=kl needs model.autoencoder_path (a diffusers VAE folder)")
+    return vae_class(path).downsample_of(_vae_config(path)) * patch_size
 
 
 def build_autoencoder(kind: str, path: str | None, device: torch.device | str = "cpu") -> Autoencoder:

@@ -36,6 +36,36 @@ def text_encoder_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def krea(tmp_path_factory) -> list[str]:
+    """`ladder=krea` with the two folders its model profile (conf/model/krea2_12b.yaml) leaves to the lab, as tiny
+    random folders of the classes it promises: a Qwen-Image VAE and a whole Qwen3-VL checkpoint."""
+    from test_text_encoder_classes import write_qwen3_vl
+
+    from model.testing import write_tiny_autoencoder_qwenimage
+
+    root = tmp_path_factory.mktemp("krea_models")
+    vae = write_tiny_autoencoder_qwenimage(root / "qwen_image_vae")
+    (root / "qwen3_vl").mkdir()
+    write_qwen3_vl(root / "qwen3_vl")
+    return ["ladder=krea", f"model.autoencoder_path={vae}", f"model.text_encoder.path={root / 'qwen3_vl'}"]
+
+
+@pytest.fixture(scope="session")
+def prx(tmp_path_factory) -> list[str]:
+    """`model=prx_1b` with its two folders as tiny random ones of the promised classes: a FLUX.1-class
+    AutoencoderKL and a whole T5Gemma checkpoint."""
+    from test_text_encoder_classes import write_t5
+
+    from model.testing import write_tiny_autoencoder_kl
+
+    root = tmp_path_factory.mktemp("prx_models")
+    vae = write_tiny_autoencoder_kl(root / "flux1_vae")
+    (root / "t5gemma").mkdir()
+    write_t5(root / "t5gemma", "t5gemma")
+    return ["model=prx_1b", f"model.autoencoder_path={vae}", f"model.text_encoder.path={root / 't5gemma'}"]
+
+
+@pytest.fixture(scope="session")
 def vit_teacher_dir(tmp_path_factory):
     """A tiny random ViT saved to disk: a REPA teacher / feature extractor loaded by path like DINOv2."""
     import torch

@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from kiln.config import ConfigError, KilnConfig, load_config
+from kiln.paths import REPO_ROOT
 
 
 def test_defaults_compose_and_validate():
@@ -110,7 +111,7 @@ def test_a_real_profile_without_its_models_fails_at_load_naming_each_key_and_the
     with pytest.raises(ConfigError) as e:
         load_config(["data=web", "data.source=s3://bucket/images/"])
     msg = str(e.value)
-    assert "the data profile `web` cannot run" in msg and "conf/data/web.yaml" in msg
+    assert "the profile (data=web, model=nano) cannot run" in msg and "conf/data/web.yaml" in msg
     for key in ("data.caption.vlm_path", "data.embed.path", "data.rewrite.llm_path"):
         assert f"{key}: " in msg and "is not set" in msg
     assert "data.source" not in msg
@@ -156,7 +157,7 @@ def test_the_demo_profile_names_its_stand_ins_and_runs():
     )
 
 
-def test_the_kept_group_composition_with_value_overrides_applied_is_hydras_own_composition():
+def test_the_kept_group_composition_with_value_overrides_applied_is_hydras_own_composition(krea):
     """kiln composes the config groups' choices once and applies the value overrides to a copy (Hydra's parser
     and applier): for every rung of every ladder and a spread of overrides, the result is Hydra's `compose`."""
     from hydra import compose, initialize_config_dir
@@ -168,7 +169,7 @@ def test_the_kept_group_composition_with_value_overrides_applied_is_hydras_own_c
     cases = [[], ["train.steps=5"], ["ladder=krea"], ["train=pretrain_256", "train.lr=0.1"], ["data=web", "data.source=/tmp/x"],
              ["train.parallel.tp=2"], ["data.demo.n=40", "data.classify.heads.0.threshold=0.3"], ["model=tiny", "train.steps=3", "train=demo"],
              ["ladder.domains=[]"], ["data.rewrite.form_probs={long:1.0}"], ["train.steps=5", "~train.mix"], ["+train.nope=1"]]  # fmt: skip
-    for ladder in ([], ["ladder=krea"]):
+    for ladder in ([], krea):
         for r in all_rungs(load_config(ladder)):
             cases += [
                 train_set_overrides(r, ladder, "DATA_ROOT"),
@@ -199,18 +200,55 @@ def test_repa_settings_without_a_teacher_are_refused_not_silently_off():
     assert load_config(["train.repa.block=8", "train.repa.teacher_path=classical"]).train.repa.block == 8
 
 
-def test_the_krea_ladder_trains_in_8_bit_at_256_and_512_px_and_in_bf16_from_1024():
-    """The report: 8-bit at 256 and 512 px (15-20% faster than bf16), bf16 from 1024 px to the final stage."""
+def report_table() -> dict[str, dict[str, str]]:
+    """docs/training-at-scale.md's table "The krea ladder against the report", by rung."""
+    text = (REPO_ROOT / "docs" / "training-at-scale.md").read_text()
+    lines = text.split("### The krea ladder against the report", 1)[1].split("\n\n- ", 1)[0].splitlines()
+    rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines if ln.startswith("| ")]
+    head, body = rows[0], rows[1:]
+    return {r[0]: dict(zip(head[1:], r[1:], strict=True)) for r in body}
+
+
+def test_every_krea_rung_is_what_the_report_table_says(krea):
+    """Each rung of ladder=krea composes to the report's resolution, precision (8-bit at 256 and 512 px, bf16
+    from 1024), model, VAE class and text encoder, as transcribed in docs; REPA is off where the report does
+    not say where it is on. A cell saying "not stated" is not checked."""
     from kiln.ladder import all_rungs, rung_base
 
-    float8 = {
-        r.name: load_config(rung_base(r, ["ladder=krea"])).train.parallel.float8
-        for r in all_rungs(load_config(["ladder=krea"]))
-    }
-    assert float8 == {
-        "pretrain_256": True,
-        "pretrain_512": True,
-        "pretrain_1024": False,
-        "midtrain": False,
-        "sft": False,
-    }
+    table = report_table()
+    rungs = all_rungs(load_config(krea))
+    assert (
+        [r.name for r in rungs] == list(table) == ["pretrain_256", "pretrain_512", "pretrain_1024", "midtrain", "sft"]
+    )
+    for r in rungs:
+        cfg = load_config(rung_base(r, krea))
+        t, m = cfg.train, cfg.model
+        composed = {
+            "resolution": str(t.resolution),
+            "precision": "float8" if t.parallel.float8 else "bf16" if t.device == "cuda" else "fp32",
+            "REPA": "on" if t.repa.teacher_path else "not stated",  # off unless the lab names a teacher
+            "model": m.size,
+            "VAE": m.autoencoder_class,
+            "text encoder": m.text_encoder.model_type,
+        }
+        stated = {k: v for k, v in table[r.name].items() if v != "not stated"}
+        assert {k: composed[k] for k in stated} == stated, r.name
+        assert composed["REPA"] == table[r.name]["REPA"], r.name
+
+
+def test_the_krea_model_profile_refuses_to_start_without_its_folders_or_with_folders_of_other_classes(krea, tmp_path):
+    """The report's model needs the lab's Qwen-Image VAE and Qwen3-VL folders: no folder, or a folder of another
+    class (a FLUX.1 VAE, a BERT encoder), is refused at config validation, naming the key and what it found."""
+    from model.testing import write_tiny_autoencoder_kl, write_tiny_text_encoder
+
+    with pytest.raises(ConfigError) as unset:
+        load_config(["ladder=krea"])
+    assert "model=krea2_12b" in str(unset.value)
+    assert "model.autoencoder_path: the VAE folder of model.autoencoder=kl is not set" in str(unset.value)
+    assert "model.text_encoder.path: the text encoder's folder is not set" in str(unset.value)
+    flux1, bert = write_tiny_autoencoder_kl(tmp_path / "flux1"), write_tiny_text_encoder(tmp_path / "bert")
+    with pytest.raises(ConfigError) as wrong:
+        load_config([*krea, f"model.autoencoder_path={flux1}", f"model.text_encoder.path={bert}"])
+    assert "holds _class_name 'AutoencoderKL', not 'AutoencoderKLQwenImage'" in str(wrong.value)
+    assert "holds model_type 'bert', not 'qwen3_vl'" in str(wrong.value)
+    assert load_config([*krea, "model=nano"]).model.size == "nano"  # a user's model= still wins

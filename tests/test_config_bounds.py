@@ -198,17 +198,24 @@ PROFILES = [
 ]
 
 
+LAB_FOLDERS = {"ladder=krea": "krea", "model=krea2_12b": "krea", "model=prx_1b": "prx"}  # conftest fixtures
+
+
 @pytest.mark.parametrize("profile", PROFILES)
-def test_every_profile_in_conf_loads(profile):
-    load_config([profile])
+def test_every_profile_in_conf_loads(profile, request):
+    """Every profile loads; one whose model folders are the lab's to name (`???` in conf/model) loads once given
+    folders of the classes it promises."""
+    folders = request.getfixturevalue(LAB_FOLDERS[profile])[1:] if profile in LAB_FOLDERS else []
+    load_config([profile, *folders])
 
 
-def test_every_rung_of_every_ladder_loads_with_its_overrides():
+def test_every_rung_of_every_ladder_loads_with_its_overrides(krea):
     from kiln.ladder import rung_base, rungs
 
     for ladder in sorted((CONF_DIR / "ladder").glob("*.yaml")):
-        for rung in rungs(load_config([f"ladder={ladder.stem}"])):
-            load_config([f"ladder={ladder.stem}", *rung_base(rung, [])])
+        base = [f"ladder={ladder.stem}", *(krea[1:] if ladder.stem == "krea" else [])]
+        for rung in rungs(load_config(base)):
+            load_config([*base, *rung_base(rung, [])])
 
 
 def test_the_web_profile_loads_once_given_its_models(tmp_path):

@@ -404,16 +404,16 @@ def test_without_a_gpu_the_real_check_says_so_and_fails(tmp_path):
     assert "no CUDA device" in json.loads((tmp_path / "r.json").read_text())["error"]
 
 
-def test_every_rung_of_the_gpu_ladder_composes_here_and_only_the_run_checks_the_machine():
+def test_every_rung_of_the_gpu_ladder_composes_here_and_only_the_run_checks_the_machine(krea):
     """The krea ladder's rungs (device=cuda, float8 on some) are config a login node composes and validates;
     the machine check belongs to the run, which names each setting a machine without CUDA cannot honour."""
     from kiln.ladder import all_rungs, rung_base
 
     no_gpu = Machine(cuda=False, capability=None, gpu_name=None, torchao=False, symmetric_memory=False)
-    rungs = all_rungs(load_config(["ladder=krea"]))
+    rungs = all_rungs(load_config(krea))
     assert [r.name for r in rungs] == ["pretrain_256", "pretrain_512", "pretrain_1024", "midtrain", "sft"]
     for rung in rungs:
-        cfg = load_config(rung_base(rung, ["ladder=krea"]))
+        cfg = load_config(rung_base(rung, krea))
         assert cfg.train.device == "cuda", rung.name
         with pytest.raises(ConfigError, match="train.device: cuda but this machine has no CUDA device") as refusal:
             check_gpu_settings(cfg, no_gpu)

@@ -178,24 +178,24 @@ def test_a_config_change_marks_the_right_assets_stale(tmp_path, monkeypatch, def
 
 
 @pytest.mark.slow
-def test_the_graph_is_built_for_the_profile_in_kiln_overrides(defs):
+def test_the_graph_is_built_for_the_profile_in_kiln_overrides(defs, krea):
     """`KILN_OVERRIDES="ladder=krea"` (what `kiln run ladder=krea` sets) gives Dagster the krea ladder's assets."""
     import os
     import subprocess
     import sys
 
     code = "from dagster_project.definitions import defs; print(sorted(k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()))"
-    env = {**os.environ, "KILN_OVERRIDES": "ladder=krea"}
+    env = {**os.environ, "KILN_OVERRIDES": " ".join(krea)}
     keys = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     for rung in ("pretrain_256", "pretrain_512", "pretrain_1024", "midtrain", "sft"):
         assert f"'checkpoint_{rung}'" in keys and f"'train_set_{rung}'" in keys
     assert "'checkpoint_pretrain'" not in keys
 
 
-def test_kiln_run_refuses_a_ladder_other_than_the_loaded_graphs():
+def test_kiln_run_refuses_a_ladder_other_than_the_loaded_graphs(krea):
     from dagster_project.run import check_graph_profile
     from kiln.config import ConfigError
 
     check_graph_profile(load_config([]))  # the graph this process loaded: the demo ladder
     with pytest.raises(ConfigError, match="built for the ladder"):
-        check_graph_profile(load_config(["ladder=krea"]))
+        check_graph_profile(load_config(krea))

@@ -29,6 +29,18 @@ def pixels(imgs):
     return torch.as_tensor(imgs).permute(0, 3, 1, 2).float() / 127.5 - 1
 
 
+@pytest.mark.parametrize(
+    "write", [write_tiny_autoencoder_kl, write_tiny_autoencoder_flux2, write_tiny_autoencoder_qwenimage]
+)
+def test_the_token_side_read_from_config_json_is_the_loaded_vaes(tmp_path, write):
+    """What the pack stage cuts buckets by (config.json alone) is what the loaded VAE's latents shrink by."""
+    from model.autoencoder import token_side
+
+    vae = write(tmp_path / "vae")
+    z = load_vae(vae).encode(images(h=16, w=32))
+    assert token_side("kl", str(vae), 3) == 16 // z.shape[-2] * 3 == 32 // z.shape[-1] * 3
+
+
 def test_a_flux2_folder_loads_as_flux2_and_matches_its_pipelines_latents(tmp_path):
     from diffusers import Flux2Pipeline
 

@@ -82,6 +82,31 @@ def test_bucket_sides_are_multiples_of_8_at_about_the_target_area():
             assert 0.7 < b.height * b.width / res**2 < 1.3
 
 
+def test_a_latent_models_buckets_are_whole_tokens_of_it(tmp_path):
+    """The pack stage cuts buckets in whole DiT tokens: the autoencoder's downsample x model.patch_size, read
+    from the VAE's config.json (here a Qwen-Image class VAE that halves, at patch 8: 16 px), never 8-px sides
+    the model cannot patchify; pixel space at the demo's patch 4 keeps its 8-px sides."""
+    from assets.pack import side_step
+    from model.testing import write_tiny_autoencoder_qwenimage
+
+    vae = write_tiny_autoencoder_qwenimage(tmp_path / "vae")
+    latent = load_config(["model.autoencoder=kl", f"model.autoencoder_path={vae}", "model.patch_size=8"])
+    assert side_step(latent) == 16 and side_step(load_config([])) == 8
+    for res in (32, 64, 256):
+        for b in buckets_for([0.5, 0.75, 1.0, 1.333, 2.0], res, side_step(latent)):
+            assert b.height % 16 == 0 and b.width % 16 == 0, (res, b)
+    assert "24x48" in {b.name for b in buckets_for([2.0], 32)}  # what an 8-px step gives and 16 px cannot
+
+
+def test_the_trainer_refuses_a_train_set_packed_for_a_coarser_token_grid():
+    from kiln.config import ConfigError
+    from training.core.data import check_buckets
+
+    check_buckets(["32x32", "16x48"], 16, "set")
+    with pytest.raises(ConfigError, match=r"set: bucket\(s\) 24x48 are not whole tokens of this model \(16 px"):
+        check_buckets(["32x32", "24x48"], 16, "set")
+
+
 def test_nearest_bucket_and_centre_crop():
     buckets = buckets_for([0.5, 1.0, 2.0], 32)
     assert nearest_bucket(200, 100, buckets).name == "24x48"

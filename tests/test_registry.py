@@ -161,12 +161,13 @@ def test_each_node_says_what_one_task_needs_and_its_asset_carries_it(assets_of_n
             }, key
 
 
-@pytest.mark.parametrize("profile", [[], ["ladder=krea"]])
-def test_every_node_versions_by_the_values_of_its_sections_in_the_config_it_composes(profile):
+@pytest.mark.parametrize("krea_ladder", [False, True])
+def test_every_node_versions_by_the_values_of_its_sections_in_the_config_it_composes(krea_ladder, request):
     """No silent fallback to code alone: each node's config (a rung's with its wiring) composes, and its
     sections' values are in its version; a rung's train set sees its own resolution."""
     from kiln.lineage import node_params
 
+    profile = request.getfixturevalue("krea") if krea_ladder else []
     found = {n.key: n for n in nodes(load_config(profile))}
     values = {key: node_params(n, profile) for key, n in found.items()}
     assert all(set(v) == set(found[k].params) for k, v in values.items())

@@ -156,8 +156,8 @@ def test_checkpoint_is_the_pma_of_the_last_sft_step_checkpoints(ladder):
     assert (data / "checkpoint" / "train_data.json").exists()  # with the last rung's record of what it saw
 
 
-def test_krea_ladder_climbs_256_512_1024_then_midtrain_and_sft_each_from_the_last():
-    cfg = load_config(["ladder=krea"])
+def test_krea_ladder_climbs_256_512_1024_then_midtrain_and_sft_each_from_the_last(krea):
+    cfg = load_config(krea)
     ladder = rungs(cfg)
     assert [r.name for r in ladder] == ["pretrain_256", "pretrain_512", "pretrain_1024", "midtrain", "sft"]
     packs = [train_set_overrides(r, [], "data") for r in ladder]

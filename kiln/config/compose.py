@@ -4,6 +4,7 @@ it came from. `load_config` is the one way to get a config."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kiln.config.data import STAND_INS, DataConfig
+from kiln.config.model import ModelConfig
 from kiln.config.schema import KilnConfig
 from kiln.config.train import REPA_CLASSICAL
 from kiln.paths import CONF_DIR
@@ -142,8 +144,9 @@ def _source_of(loc: tuple[Any, ...], choices: dict[str, str], overrides: list[st
 
 
 def _missing_path(path: str | None) -> str | None:
-    """Why a model path cannot be used, or None: unset, or a local folder that is not there."""
-    if not path:
+    """Why a model path cannot be used, or None: unset (Hydra's `???` in a profile: the lab must name it), or a
+    local folder that is not there."""
+    if not path or path == "???":
         return "is not set"
     if "://" not in path and not Path(path).exists():
         return f"{path} does not exist"
@@ -236,6 +239,34 @@ def model_problems(data: DataConfig) -> list[tuple[str, str]]:
     return [p for p in out if p is not None]
 
 
+def _holds(path: str, key: str, expected: str | None) -> str | None:
+    """Why a local model folder is not the class a profile promised (config.json `key`), or None."""
+    config = Path(path) / "config.json"
+    if expected is None or "://" in path or not config.is_file():
+        return None  # an object-store folder, or one without config.json, is the loader's to refuse
+    found = json.loads(config.read_text()).get(key)
+    return None if found == expected else f"{path} holds {key} {found!r}, not {expected!r}"
+
+
+def model_path_problems(model: ModelConfig) -> list[tuple[str, str]]:
+    """(key, problem) for each folder the DiT's profile names that cannot be used: a latent profile's VAE, a text
+    encoder other than the packaged MiniLM, a style-reference encoder by path; and a folder of another class
+    than the profile promises (model.autoencoder_class, model.text_encoder.model_type)."""
+    out = []
+    te = model.text_encoder
+    if model.autoencoder == "kl":
+        if why := _missing_path(model.autoencoder_path) or _holds(
+            model.autoencoder_path or "", "_class_name", model.autoencoder_class
+        ):
+            out.append(("model.autoencoder_path", f"the VAE folder of model.autoencoder=kl {why}"))
+    if te.path is not None and (why := _missing_path(te.path) or _holds(te.path, "model_type", te.model_type)):
+        out.append(("model.text_encoder.path", f"the text encoder's folder {why} (null: the packaged MiniLM)"))
+    ref = model.reference
+    if ref.enabled and ref.encoder == "hf" and (why := _missing_path(ref.encoder_path)):
+        out.append(("model.reference.encoder_path", f"the style-reference encoder's folder {why}"))
+    return out
+
+
 def error_keys(err: Any) -> tuple[str, ...]:
     """The keys a PairError names (relative to its model), or () for any other error."""
     return getattr((err.get("ctx") or {}).get("error"), "keys", ())
@@ -261,7 +292,7 @@ def validate(
             for err in e.errors()
         ]
         raise ConfigError("invalid kiln config:\n" + "\n".join(lines)) from None
-    problems = model_problems(cfg.data)
+    problems = model_problems(cfg.data) + model_path_problems(cfg.model)
     if cfg.post.judge == "vlm" and (
         why := _missing_path(cfg.post.judge_vlm_path)
     ):  # the evaluation's prompt following asks it
@@ -280,9 +311,9 @@ def validate(
             )
         )
     if problems:
-        profile = (choices or {}).get("data", "?")
+        picked = ", ".join(f"{g}={(choices or {}).get(g, '?')}" for g in ("data", "model"))
         lines = [line(tuple(key.split(".")), what) for key, what in problems]
-        raise ConfigError(f"the data profile `{profile}` cannot run:\n" + "\n".join(lines))
+        raise ConfigError(f"the profile ({picked}) cannot run:\n" + "\n".join(lines))
     return cfg
 
 

@@ -23,6 +23,10 @@ class TextEncoderConfig(Strict):
     )
     refiner_layers: int = Field(1, ge=0, le=128, description="bidirectional transformer layers over the fused tokens")
     cache_dir: str | None = Field(None, description="cache text embeddings here")
+    model_type: str | None = Field(
+        None,
+        description="the config.json model_type the folder must hold (qwen3_vl, t5gemma, umt5, t5, ...): a profile's promise, checked at config validation; None = any",
+    )
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32",
         description="the frozen encoder's weights: bfloat16 halves a multi-billion-parameter encoder on a GPU; a CPU runs it many times slower",
@@ -60,6 +64,10 @@ class ModelConfig(Strict):
     autoencoder_path: str | None = Field(
         None,
         description="a diffusers VAE folder (autoencoder=kl): AutoencoderKL, AutoencoderKLFlux2 or AutoencoderKLQwenImage",
+    )
+    autoencoder_class: Literal["AutoencoderKL", "AutoencoderKLFlux2", "AutoencoderKLQwenImage"] | None = Field(
+        None,
+        description="the config.json _class_name the VAE folder must hold: a profile's promise (krea2_12b: FLUX.2's), checked at config validation; None = any kiln loads",
     )
     latent_cache_dir: str | None = Field(None, description="cache autoencoder latents here")
     modulation: Literal["light", "adaln", "none"] = Field(

@@ -189,6 +189,17 @@ def check_latents(manifest: Manifest, autoencoder: str, where: Path | str) -> No
         )
 
 
+def check_buckets(buckets: list[str], side: int, where: Path | str) -> None:
+    """Every bucket must be whole DiT tokens (`side` px: the autoencoder's downsample x model.patch_size); a
+    set packed for another model would fail deep in the first step with a shape error instead."""
+    bad = [b for b in buckets if any(s % side for s in bucket_size(b))]
+    if bad:
+        raise ConfigError(
+            f"{where}: bucket(s) {', '.join(sorted(bad))} are not whole tokens of this model ({side} px a side: its "
+            "autoencoder's downsample x model.patch_size); pack the train set again for this model (assets.pack.side_step)"
+        )
+
+
 class TrainSet:
     """The pack stage's train set, streamed: `stream(seed, position, dp_rank, dp_size)` yields this rank's rows
     of each global batch from `position` on, reading only those rows' images."""

@@ -84,13 +84,14 @@ class TextCache:
             _, old = self.rows.popitem(last=False)
             self.held -= old.nbytes
 
-    def _pin(self, captions: list[str], hidden: torch.Tensor, spans: list[tuple[int, int]], texts: int) -> None:
-        """Copy the captions' spans of `hidden` into the slab (allocated first for `texts` captions at most)."""
-        n_layers, dim = hidden.shape[1], hidden.shape[3]
+    def _pin(
+        self, captions: list[str], hidden: torch.Tensor, spans: list[tuple[int, int]], texts: int, per_token: int
+    ) -> None:
+        """Copy the captions' spans of `hidden` into the slab (allocated first for `texts` captions at most,
+        `per_token` bytes a token)."""
         if self._slab is None:
-            per_token = n_layers * dim * STORED.itemsize
             tokens = min(self.capacity // per_token, texts * hidden.shape[2])
-            self._slab = torch.empty(n_layers, tokens, dim, dtype=STORED)
+            self._slab = torch.empty(hidden.shape[1], tokens, hidden.shape[3], dtype=STORED)
         for k, (c, (lo, hi)) in enumerate(zip(captions, spans)):
             view = self._slab[:, self._used : self._used + hi - lo]
             view.copy_(hidden[k, :, lo:hi])
@@ -110,7 +111,7 @@ class TextCache:
             per_token = hidden.shape[1] * hidden.shape[3] * STORED.itemsize
             if self.held + sum(hi - lo for lo, hi in spans) * per_token > self.capacity:
                 break
-            self._pin(todo, hidden, spans, len(texts))
+            self._pin(todo, hidden, spans, len(texts), per_token)
         return len(self.pinned)
 
     def batch(self, captions: Sequence[str], device: torch.device | str = "cpu"):

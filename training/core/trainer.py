@@ -211,7 +211,15 @@ def train(
 
     from model.autoencoder import from_uint8_nhwc
     from training.core.checkpoint import write_export_manifest
-    from training.core.data import DataPosition, TrainSet, bucket_size, check_latents, dataset_version, write_heldout
+    from training.core.data import (
+        DataPosition,
+        TrainSet,
+        bucket_size,
+        check_buckets,
+        check_latents,
+        dataset_version,
+        write_heldout,
+    )
     from training.core.dcp import Checkpointer, LoadPolicy, RunState
     from training.core.distributed import build_ranks, export_checkpoint, init_distributed
     from training.core.gpu_settings import attention_context, check_gpu_settings
@@ -245,6 +253,7 @@ def train(
             write_heldout(out_dir, data.held_out)
         gen = init_generator(cfg.model, tc.seed, device)
         check_latents(data.manifest, gen.autoencoder.identity(), data_dir)
+        check_buckets(data.buckets, gen.autoencoder.downsample * cfg.model.patch_size, data_dir)
         _load_init_weights(gen, tc.init_from)
         cache = TextCache(gen, tc.text_cache_mb)  # the frozen backbone encodes each step's captions
         texts = data.drawable_texts(tc.text_prefill_rows)  # a small set's: all of them, up front, if they fit
@@ -310,7 +319,7 @@ def train(
                 steps, desc="train", total=len(steps), unit="step"
             ):  # rank 0's bar only (kiln.progress)
                 started = time.perf_counter()
-                if step % TRIM_EVERY == 0:  # steps of several bucket sizes leave holes glibc keeps resident
+                if step and step % TRIM_EVERY == 0:  # steps of several bucket sizes leave holes glibc keeps resident
                     release_freed_memory()
                 item = next(loader)
                 batch = item.batch
