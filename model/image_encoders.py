@@ -9,7 +9,7 @@ float32`, L2-normalised. Two exist:
   blocks weigh layout and structure (how many blobs, stripes, a text sign) over colour, which is what the
   demo's scene families differ in.
 - `HFEmbedder`: any Hugging Face vision model given by local path (SigLIP / SigLIP-2, CLIP, DINOv2 /
-  DINOv3 classes) through `AutoModel` + `AutoImageProcessor`, batched, on CPU or CUDA.
+  DINOv3 classes) through `AutoModel` and its processor's inputs (model.vision), batched, on CPU or CUDA.
 """
 
 from __future__ import annotations
@@ -160,37 +160,46 @@ class ClassicalEmbedder:
 
 # ------------------------------------------------------------------------------------------- HF
 class HFEmbedder:
-    """A transformers vision model from a local folder: image features for CLIP / SigLIP, the pooled
-    output (or the token mean) for vision-only encoders such as DINOv2."""
+    """A transformers vision model from a local folder (model.vision: DINOv2/v3, SigLIP, SigLIP-2 NaFlex, CLIP,
+    ViT), fed its processor's inputs: image features for dual encoders (CLIP, SigLIP), the pooled output (or
+    the token mean) for vision-only encoders such as DINOv2."""
 
     def __init__(self, path: str, device: str = "cpu", batch_size: int = 32):
         import torch
-        from transformers import AutoImageProcessor, AutoModel
+
+        from model.vision import load_vision_model
 
         self.torch = torch
-        self.processor = AutoImageProcessor.from_pretrained(path)
-        self.model = AutoModel.from_pretrained(path).eval().to(device)
+        self.model, _, self.inputs = load_vision_model(path)
+        self.model = self.model.to(device)
         self.device, self.batch_size = device, batch_size
         self.name = f"hf:{self.model.config.model_type}:{path.rstrip('/').split('/')[-1]}"
 
-    def _features(self, pixel_values):
-        if hasattr(self.model, "get_image_features"):  # dual encoders (CLIPModel, SiglipModel)
-            out = self.model.get_image_features(pixel_values=pixel_values)
+    def _features(self, inputs: dict):
+        if hasattr(self.model, "get_image_features"):  # dual encoders (CLIPModel, SiglipModel, Siglip2Model)
+            out = self.model.get_image_features(**inputs)
         else:
-            out = self.model(pixel_values=pixel_values)
+            out = self.model(**inputs)
         if isinstance(out, self.torch.Tensor):
             return out
         pooled = getattr(out, "pooler_output", None)
         return pooled if pooled is not None else out.last_hidden_state.mean(1)
 
+    def _prepared(self, images: list[Image.Image]) -> dict:
+        """Each picture through the processor's steps at its own size, then one batch."""
+        torch = self.torch
+        each = [
+            self.inputs.prepare(torch.from_numpy(np.asarray(im.convert("RGB"))).permute(2, 0, 1)[None] / 255.0)
+            for im in images
+        ]
+        return {k: torch.cat([e[k] for e in each]).to(self.device) for k in each[0]}
+
     def embed(self, images: list[Image.Image]) -> np.ndarray:
         chunks = []
         with self.torch.inference_mode():
             for i in range(0, len(images), self.batch_size):
-                batch = self.processor(
-                    images=[im.convert("RGB") for im in images[i : i + self.batch_size]], return_tensors="pt"
-                )
-                chunks.append(self._features(batch["pixel_values"].to(self.device)).float().cpu().numpy())
+                batch = self._prepared(images[i : i + self.batch_size])
+                chunks.append(self._features(batch).float().cpu().numpy())
         return l2_normalise(np.concatenate(chunks)) if chunks else np.zeros((0, 0), np.float32)
 
 

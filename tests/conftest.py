@@ -51,6 +51,17 @@ def krea(tmp_path_factory) -> list[str]:
 
 
 @pytest.fixture(scope="session")
+def latent_tiny(tmp_path_factory) -> list[str]:
+    """`model=latent_tiny` with its two folders: a tiny random AutoencoderKL (4 channels, halving) and BERT."""
+    from model.testing import write_tiny_autoencoder_kl, write_tiny_text_encoder
+
+    root = tmp_path_factory.mktemp("latent_tiny")
+    vae = write_tiny_autoencoder_kl(root / "vae", latent_channels=4)
+    te = write_tiny_text_encoder(root / "text_encoder")
+    return ["model=latent_tiny", f"model.autoencoder_path={vae}", f"model.text_encoder.path={te}"]
+
+
+@pytest.fixture(scope="session")
 def prx(tmp_path_factory) -> list[str]:
     """`model=prx_1b` with its two folders as tiny random ones of the promised classes: a FLUX.1-class
     AutoencoderKL and a whole T5Gemma checkpoint."""
@@ -67,16 +78,17 @@ def prx(tmp_path_factory) -> list[str]:
 
 @pytest.fixture(scope="session")
 def vit_teacher_dir(tmp_path_factory):
-    """A tiny random ViT saved to disk: a REPA teacher / feature extractor loaded by path like DINOv2."""
+    """A tiny random ViT and its image processor saved to disk: a REPA teacher loaded by path like DINOv2."""
     import torch
-    from transformers import ViTConfig, ViTModel
+    from transformers import ViTConfig, ViTImageProcessor, ViTModel
 
     torch.manual_seed(0)
     cfg = ViTConfig(
         image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
     )
     d = tmp_path_factory.mktemp("vit")
-    ViTModel(cfg, add_pooling_layer=False).eval().save_pretrained(str(d))
+    ViTModel(cfg).eval().save_pretrained(str(d))
+    ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(d)
     return d
 
 

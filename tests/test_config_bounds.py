@@ -198,7 +198,12 @@ PROFILES = [
 ]
 
 
-LAB_FOLDERS = {"ladder=krea": "krea", "model=krea2_12b": "krea", "model=prx_1b": "prx"}  # conftest fixtures
+LAB_FOLDERS = {
+    "ladder=krea": "krea",
+    "model=krea2_12b": "krea",
+    "model=prx_1b": "prx",
+    "model=latent_tiny": "latent_tiny",
+}  # conftest fixtures
 
 
 @pytest.mark.parametrize("profile", PROFILES)

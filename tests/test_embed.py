@@ -75,6 +75,9 @@ def tiny_models():
         CLIPVisionModel,
         Dinov2Config,
         Dinov2Model,
+        Siglip2ImageProcessorPil,
+        Siglip2VisionConfig,
+        Siglip2VisionModel,
         SiglipImageProcessor,
         SiglipVisionConfig,
         SiglipVisionModel,
@@ -91,10 +94,14 @@ def tiny_models():
             lambda: SiglipVisionModel(SiglipVisionConfig(**small)),
             lambda: SiglipImageProcessor(size={"height": 32, "width": 32}),
         ),
+        "siglip2": (  # NaFlex: the aspect kept, at most 16 patches, with the mask and shapes the tower needs
+            lambda: Siglip2VisionModel(Siglip2VisionConfig(**{**small, "num_patches": 16}, vision_use_head=True)),
+            lambda: Siglip2ImageProcessorPil(patch_size=8, max_num_patches=16),
+        ),
     }
 
 
-@pytest.mark.parametrize("kind", ["dinov2", "clip", "siglip"])
+@pytest.mark.parametrize("kind", ["dinov2", "clip", "siglip", "siglip2"])
 def test_hf_vision_model_loads_by_path_and_embeds_in_batches(kind, tmp_path):
     torch.manual_seed(0)
     model, processor = (f() for f in tiny_models()[kind])

@@ -14,7 +14,6 @@ from safetensors.torch import load_file
 from dagster_project.assets import profile_assets
 from dagster_project.resources import KilnResource
 from model.generator import Generator
-from model.testing import write_tiny_autoencoder_kl, write_tiny_text_encoder
 from training.testing import scene_rows, write_pack_output
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -32,10 +31,8 @@ CHAIN = ["checkpoint_pretrain", "checkpoint_sft", "checkpoint", "samples", "eval
          "reward_model", "checkpoint_dpo", "checkpoint_grpo", "checkpoint_student"]  # fmt: skip
 
 
-def test_the_latent_profile_trains_averages_evaluates_and_post_trains_in_latent_space(tmp_path):
-    vae = write_tiny_autoencoder_kl(tmp_path / "vae", latent_channels=4)
-    te = write_tiny_text_encoder(tmp_path / "text_encoder")
-    overrides = ["model=latent_tiny", f"model.autoencoder_path={vae}", f"model.text_encoder.path={te}", *SHRINK]
+def test_the_latent_profile_trains_averages_evaluates_and_post_trains_in_latent_space(tmp_path, latent_tiny):
+    overrides = [*latent_tiny, *SHRINK]
     data = tmp_path / "data"
     for rung in ("pretrain", "sft"):  # the pack stage's output for each rung, images only: the trainer encodes
         write_pack_output(data / f"train_set_{rung}", scene_rows(24, seed=3, buckets=((16, 16),), batch_size=4))

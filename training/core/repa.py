@@ -33,30 +33,23 @@ from kiln.config.train import REPA_CLASSICAL as CLASSICAL
 
 
 class Teacher(nn.Module):
-    """A frozen HF vision backbone returning patch features on a grid, [B, D, gh, gw]."""
+    """A frozen HF vision tower (DINOv2/v3, SigLIP, SigLIP-2 NaFlex, CLIP, ViT) returning its patch features on
+    their grid, [B, D, gh, gw], fed what its own processor defines (model.vision: size, crop or NaFlex, mean
+    and std), so the target is the representation the teacher was trained to give."""
 
     def __init__(self, path: str | Path):
         super().__init__()
-        from transformers import AutoConfig, AutoModel
+        from model.vision import load_vision_model
 
-        cfg = AutoConfig.from_pretrained(str(path))
-        vision = getattr(cfg, "vision_config", cfg)
-        self.model = AutoModel.from_pretrained(str(path)).eval().requires_grad_(False)
-        if hasattr(self.model, "vision_model"):
-            self.model = self.model.vision_model
-        self.image_size, self.patch_size, self.dim = (
-            int(vision.image_size),
-            int(vision.patch_size),
-            int(vision.hidden_size),
-        )
+        _, self.model, self.inputs = load_vision_model(path)
+        self.dim = int(self.model.config.hidden_size)
 
     @torch.no_grad()
     def forward(self, images: Tensor) -> Tensor:
-        """images [B, 3, H, W] in [-1, 1] -> patch features [B, D, grid, grid] at the teacher's own resolution."""
-        x = F.interpolate(images.float(), size=(self.image_size, self.image_size), mode="bilinear", align_corners=False)
-        tokens = self.model(pixel_values=x).last_hidden_state
-        g = self.image_size // self.patch_size
-        return tokens[:, -g * g :].transpose(1, 2).reshape(x.shape[0], self.dim, g, g)
+        """images [B, 3, H, W] in [-1, 1] -> patch features [B, D, gh, gw] at the teacher's own resolution."""
+        inputs = self.inputs.prepare((images.float() + 1) / 2)
+        hidden = self.model(**{k: v.to(images.device) for k, v in inputs.items()}).last_hidden_state
+        return self.inputs.patch_tokens(hidden, inputs)
 
 
 class ClassicalTeacher(nn.Module):
