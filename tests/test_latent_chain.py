@@ -31,7 +31,10 @@ CHAIN = ["checkpoint_pretrain", "checkpoint_sft", "checkpoint", "samples", "eval
          "reward_model", "checkpoint_dpo", "checkpoint_grpo", "checkpoint_student"]  # fmt: skip
 
 
-def test_the_latent_profile_trains_averages_evaluates_and_post_trains_in_latent_space(tmp_path, latent_tiny):
+def test_the_latent_profile_trains_averages_evaluates_and_post_trains_in_latent_space(
+    tmp_path, monkeypatch, latent_tiny
+):
+    monkeypatch.chdir(tmp_path)  # the evaluation's history (metrics.history) is relative to where kiln runs
     overrides = [*latent_tiny, *SHRINK]
     data = tmp_path / "data"
     for rung in ("pretrain", "sft"):  # the pack stage's output for each rung, images only: the trainer encodes
